@@ -1,0 +1,6 @@
+//! jobdeck: a database-backed queue for long-running data jobs, with a live
+//! terminal console. See DESIGN.md for the contract.
+
+pub mod engine;
+pub mod job;
+pub mod store;
