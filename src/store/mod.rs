@@ -223,6 +223,8 @@ pub struct ScheduleDef {
     /// `true`: fire even while the previous job is unfinished.
     pub overlap_queue: bool,
     pub enabled: bool,
+    /// The pipeline's max_attempts, stamped on each fired job.
+    pub max_attempts: Option<i32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -247,8 +249,9 @@ pub enum FireResult {
     Skipped {
         blocking_job: i64,
     },
-    /// Another node fired this slot first (or the schedule changed).
-    AlreadyFired,
+    /// Nothing fired: another node fired this slot first, the schedule
+    /// changed, or it is paused or disabled (a due slot still moves on).
+    NotFired,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
