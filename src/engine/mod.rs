@@ -2,6 +2,8 @@
 //! and scheduler. `jobdeck worker` runs it headless; the console embeds it
 //! through [`EngineHandle`]. The engine never knows the console exists.
 
+pub mod supervisor;
+
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
