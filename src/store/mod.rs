@@ -266,6 +266,17 @@ pub enum FireSlot {
     Manual,
 }
 
+/// A wake-up pushed by the database (Postgres LISTEN/NOTIFY).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// A job was enqueued or a schedule fired.
+    JobsAvailable,
+    /// An operator asked to cancel this running job.
+    CancelRequested(i64),
+}
+
+pub type NoticeStream = futures::stream::BoxStream<'static, Result<Notice>>;
+
 /// One implementation per database; the contract tests run against both.
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -274,6 +285,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn display_url(&self) -> String;
     /// The database's clock.
     async fn now(&self) -> Result<DateTime<Utc>>;
+    /// Notifications of new jobs and cancel requests, where the database can
+    /// push them; `None` means poll.
+    async fn notices(&self) -> Result<Option<NoticeStream>> {
+        Ok(None)
+    }
 
     // ---- producers ----
     async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued>;
