@@ -88,6 +88,8 @@ CREATE TABLE schedules (
     timezone      TEXT    NOT NULL DEFAULT 'UTC',
     overlap_queue BOOLEAN NOT NULL DEFAULT false,
     enabled       BOOLEAN NOT NULL DEFAULT true,
+    -- The pipeline's max_attempts, stamped on each fired job (NULL = default).
+    max_attempts  INTEGER,
     paused        BOOLEAN NOT NULL DEFAULT false,
     next_fire_at  TIMESTAMPTZ,
     last_fire_at  TIMESTAMPTZ,

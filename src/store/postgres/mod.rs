@@ -1,0 +1,286 @@
+//! The Postgres backend: several machines, one database. Claims use
+//! `FOR UPDATE SKIP LOCKED`; every lease time is the database's `now()`
+//! (a node's clock never enters lease math). Producers and operators wake
+//! workers with `NOTIFY jobdeck_jobs` / `NOTIFY jobdeck_cancel`.
+//!
+//! Submodules: `rows` (decoding and shared helpers), `worker` (the fenced
+//! writes of a worker), `operator` (cancel, requeue, extend, release, reaper),
+//! `reads` (console and CLI queries), `schedules`.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+
+use super::{BackendKind, CONNECT_TIMEOUT, Result, StoreError, redact_url};
+
+/// The job columns every job-returning query selects, in the shape
+/// `rows::job` decodes (JSON as text: the crate has no sqlx `json` feature).
+macro_rules! job_cols {
+    () => {
+        "id, pipeline, target, args::text AS args, state, priority, due_at, attempt, \
+         max_attempts, step, lease_owner, lease_token, lease_expires_at, lock_fence, \
+         unique_key, cancel_requested_at, last_error, on_stale, schedule_id, created_at, \
+         started_at, finished_at"
+    };
+}
+
+mod operator;
+mod reads;
+mod rows;
+mod schedules;
+mod worker;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+/// New queued jobs (payload: the pipeline).
+pub const JOBS_CHANNEL: &str = "jobdeck_jobs";
+/// Cancel requests for running jobs (payload: the job id).
+pub const CANCEL_CHANNEL: &str = "jobdeck_cancel";
+
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    url: String,
+}
+
+impl PgStore {
+    pub async fn connect(url: &str) -> Result<Self> {
+        let shown = redact_url(url);
+        let opts = PgConnectOptions::from_str(url).map_err(|e| {
+            StoreError::Invalid(format!("bad Postgres URL {shown}: {}", strip(&e, url)))
+        })?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(opts)
+            .await
+            .map_err(|e| StoreError::Unreachable(format!("{shown}: {}", strip(&e, url))))?;
+        // The table is absent on a fresh database: no version applied.
+        let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
+            .fetch_one(&pool)
+            .await
+            .ok()
+            .flatten();
+        super::migrate::check_version(&MIGRATOR, applied)?;
+        MIGRATOR.run(&pool).await?;
+        Ok(PgStore {
+            pool,
+            url: url.to_string(),
+        })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        BackendKind::Postgres
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A listener on both wake-up channels, on its own connection (same
+    /// options as the pool, so a test schema's search_path carries over).
+    /// The engine wraps it; `PgListener` reconnects by itself after a
+    /// connection loss, so callers should re-poll when `recv` errors.
+    pub async fn listen(&self) -> Result<PgListener> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen_all([JOBS_CHANNEL, CANCEL_CHANNEL]).await?;
+        Ok(listener)
+    }
+}
+
+/// An error message on one line, with the raw URL (and so the password)
+/// taken out in case the driver quoted it.
+fn strip(e: &dyn std::fmt::Display, url: &str) -> String {
+    let msg = e.to_string().replace(url, &redact_url(url));
+    msg.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Milliseconds for binding into `$n * interval '1 millisecond'`.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{
+    Backend, CancelOutcome, ClaimRequest, Enqueued, ExpireReport, FireResult, FireSlot, JobFilter,
+    LeaseRef, LockInfo, NewJob, Outcome, Renewal, ScheduleDef, ScheduleInfo, StartOutcome,
+    StartSpec, WorkerBeat, WorkerInfo,
+};
+use crate::job::{Event, Job, State};
+
+#[async_trait]
+impl Backend for PgStore {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Postgres
+    }
+
+    fn display_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>> {
+        Ok(sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+        self.enqueue_job(job, actor).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
+        self.claim_jobs(req).await
+    }
+
+    async fn start(&self, lease: LeaseRef, spec: &StartSpec, worker: &str) -> Result<StartOutcome> {
+        self.start_job(lease, spec, worker).await
+    }
+
+    async fn unclaim(
+        &self,
+        lease: LeaseRef,
+        delay: Duration,
+        actor: &str,
+        detail: &str,
+    ) -> Result<()> {
+        self.unclaim_job(lease, delay, actor, detail).await
+    }
+
+    async fn fail_leased(&self, lease: LeaseRef, actor: &str, error: &str) -> Result<()> {
+        self.fail_leased_job(lease, actor, error).await
+    }
+
+    async fn renew(
+        &self,
+        worker: &WorkerBeat,
+        leases: &[LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<(LeaseRef, Renewal)>> {
+        self.renew_leases(worker, leases, lease).await
+    }
+
+    async fn advance_step(
+        &self,
+        lease: LeaseRef,
+        step: i32,
+        checkpoints: &[(String, String)],
+    ) -> Result<()> {
+        self.advance_job_step(lease, step, checkpoints).await
+    }
+
+    async fn save_output(&self, lease: LeaseRef, tail: &str) -> Result<()> {
+        self.save_job_output(lease, tail).await
+    }
+
+    async fn finish(&self, lease: LeaseRef, outcome: Outcome, actor: &str) -> Result<State> {
+        self.finish_job(lease, outcome, actor).await
+    }
+
+    async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {
+        self.cancel_job(id, actor).await
+    }
+
+    async fn requeue(&self, id: i64, actor: &str) -> Result<()> {
+        self.requeue_job(id, actor).await
+    }
+
+    async fn extend(
+        &self,
+        id: i64,
+        by: Duration,
+        worker_alive: Duration,
+        actor: &str,
+    ) -> Result<DateTime<Utc>> {
+        self.extend_lease(id, by, worker_alive, actor).await
+    }
+
+    async fn release_lock(&self, target: &str, actor: &str) -> Result<i64> {
+        self.release_target_lock(target, actor).await
+    }
+
+    async fn expire_leases(&self, grace: Duration, actor: &str) -> Result<ExpireReport> {
+        self.expire_job_leases(grace, actor).await
+    }
+
+    async fn mark_gone_workers(&self, silent_for: Duration) -> Result<Vec<String>> {
+        self.mark_workers_gone(silent_for).await
+    }
+
+    async fn prune_finished(&self, age: Duration) -> Result<u64> {
+        self.prune_finished_jobs(age).await
+    }
+
+    async fn worker_stopped(&self, id: &str) -> Result<()> {
+        sqlx::query("UPDATE workers SET gone = true, busy = 0 WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerInfo>> {
+        self.workers().await
+    }
+
+    async fn get_job(&self, id: i64) -> Result<Job> {
+        self.job(id).await
+    }
+
+    async fn job_events(&self, id: i64) -> Result<Vec<Event>> {
+        self.events(id).await
+    }
+
+    async fn job_output(&self, id: i64) -> Result<Option<String>> {
+        self.output(id).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        self.jobs(filter).await
+    }
+
+    async fn count_by_state(&self) -> Result<BTreeMap<State, i64>> {
+        self.state_counts().await
+    }
+
+    async fn list_locks(&self) -> Result<Vec<LockInfo>> {
+        self.locks().await
+    }
+
+    async fn checkpoints(
+        &self,
+        pipeline: &str,
+        target: Option<&str>,
+    ) -> Result<Vec<(String, String)>> {
+        self.checkpoint_values(pipeline, target).await
+    }
+
+    async fn finished_histogram(&self, bucket: Duration, buckets: usize) -> Result<Vec<u64>> {
+        self.histogram(bucket, buckets).await
+    }
+
+    async fn sync_schedules(&self, defs: &[(ScheduleDef, Option<DateTime<Utc>>)]) -> Result<()> {
+        self.upsert_schedules(defs).await
+    }
+
+    async fn list_schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.schedules().await
+    }
+
+    async fn fire_schedule(&self, id: i64, slot: FireSlot, actor: &str) -> Result<FireResult> {
+        self.fire(id, slot, actor).await
+    }
+
+    async fn set_schedule_paused(&self, name: &str, paused: bool) -> Result<()> {
+        self.pause_schedule(name, paused).await
+    }
+}

@@ -1,0 +1,533 @@
+//! Producers' and workers' writes. Every worker write names the job by
+//! `(id, lease_token, state)`; zero rows means the lease was lost.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::rows::{self, log_event, notify};
+use super::{JOBS_CHANNEL, PgStore, ms};
+use crate::job::{self, DEFAULT_MAX_ATTEMPTS, Job, State};
+use crate::store::{
+    ClaimRequest, Enqueued, LeaseRef, NewJob, Outcome, Renewal, Result, StartOutcome, StartSpec,
+    StoreError, WorkerBeat,
+};
+
+/// Postgres text cannot hold NUL; process output and error text may.
+pub(super) fn clean(s: &str) -> String {
+    s.replace('\0', "")
+}
+
+impl PgStore {
+    pub(super) async fn enqueue_job(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+        let max_attempts = job.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        if max_attempts < 1 {
+            return Err(StoreError::Invalid(format!(
+                "max_attempts must be at least 1 (got {max_attempts})"
+            )));
+        }
+        let args = serde_json::Value::Object(job.args).to_string();
+        let delay = ms(job.delay.unwrap_or_default());
+        let mut tx = self.pool.begin().await?;
+        // The unique index arbitrates races: a conflicting insert waits for
+        // the other transaction, then does nothing. The holder may finish
+        // between our insert and our look-up, hence the few rounds.
+        for _ in 0..5 {
+            let inserted: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, unique_key) \
+                 VALUES ($1, $2, $3::jsonb, 'queued', $4, \
+                         COALESCE($5, now() + $6 * interval '1 millisecond'), $7, $8) \
+                 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL \
+                     AND state IN ('queued','leased','running','stale') DO NOTHING \
+                 RETURNING id",
+            )
+            .bind(&job.pipeline)
+            .bind(&job.target)
+            .bind(&args)
+            .bind(job.priority)
+            .bind(job.run_at)
+            .bind(delay)
+            .bind(max_attempts)
+            .bind(&job.unique_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = inserted {
+                log_event(&mut tx, id, None, State::Queued, actor, "enqueued").await?;
+                notify(&mut tx, JOBS_CHANNEL, &job.pipeline).await?;
+                tx.commit().await?;
+                return Ok(Enqueued {
+                    id,
+                    deduplicated: false,
+                });
+            }
+            let holder: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM jobs WHERE unique_key = $1 \
+                 AND state IN ('queued','leased','running','stale')",
+            )
+            .bind(&job.unique_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = holder {
+                tx.commit().await?;
+                return Ok(Enqueued {
+                    id,
+                    deduplicated: true,
+                });
+            }
+        }
+        Err(StoreError::Database(format!(
+            "enqueue of unique key {:?} kept racing with other writers; try again",
+            job.unique_key.unwrap_or_default()
+        )))
+    }
+
+    pub(super) async fn claim_jobs(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
+        if req.limit == 0 || req.pipelines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+        // Lock a bounded window of candidates from the claim index, skipping
+        // rows other claimers hold, then keep the first job per target.
+        let rows = sqlx::query(concat!(
+            "WITH candidates AS ( \
+                 SELECT j.id, j.target, j.priority, j.due_at FROM jobs j \
+                 WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY($1) \
+                   AND (j.target IS NULL OR ( \
+                     NOT EXISTS (SELECT 1 FROM locks l \
+                                 WHERE l.target = j.target AND l.holder_job IS NOT NULL) \
+                     AND NOT EXISTS (SELECT 1 FROM jobs o \
+                                     WHERE o.target = j.target AND o.state = 'leased'))) \
+                 ORDER BY j.priority DESC, j.due_at, j.id \
+                 LIMIT $2 \
+                 FOR UPDATE OF j SKIP LOCKED \
+             ), ranked AS ( \
+                 SELECT c.id, c.target, c.priority, c.due_at, row_number() OVER ( \
+                     PARTITION BY c.target ORDER BY c.priority DESC, c.due_at, c.id) AS nth \
+                 FROM candidates c \
+             ), picked AS ( \
+                 SELECT id AS pick_id FROM ranked WHERE nth = 1 OR target IS NULL \
+                 ORDER BY priority DESC, due_at, id LIMIT $3 \
+             ), claimed AS ( \
+                 UPDATE jobs SET state = 'leased', lease_owner = $4, \
+                     lease_token = nextval('lease_tokens'), \
+                     lease_expires_at = now() + $5 * interval '1 millisecond' \
+                 FROM picked WHERE jobs.id = picked.pick_id \
+                 RETURNING ",
+            job_cols!(),
+            " ), logged AS ( \
+                 INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+                 SELECT id, 'queued', 'leased', $4, '' FROM claimed \
+             ) \
+             SELECT * FROM claimed ORDER BY priority DESC, due_at, id"
+        ))
+        .bind(&req.pipelines)
+        .bind(limit.saturating_mul(8).saturating_add(16))
+        .bind(limit)
+        .bind(&req.worker)
+        .bind(ms(req.lease))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(rows::job).collect()
+    }
+
+    pub(super) async fn start_job(
+        &self,
+        lease: LeaseRef,
+        spec: &StartSpec,
+        worker: &str,
+    ) -> Result<StartOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let target: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT target FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'leased' \
+             FOR UPDATE",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(target) = target else {
+            return Err(StoreError::LeaseLost(lease.id));
+        };
+        let lease_ms = ms(spec.lease);
+        let fence = match &target {
+            None => None,
+            Some(target) => {
+                // A row that stays held makes the WHERE false: no row back.
+                let fence: Option<i64> = sqlx::query_scalar(
+                    "INSERT INTO locks AS l (target, fence, holder_job, holder_worker, acquired_at, expires_at) \
+                     VALUES ($1, 1, $2, $3, now(), now() + $4 * interval '1 millisecond') \
+                     ON CONFLICT (target) DO UPDATE SET fence = l.fence + 1, \
+                         holder_job = EXCLUDED.holder_job, holder_worker = EXCLUDED.holder_worker, \
+                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
+                     WHERE l.holder_job IS NULL \
+                     RETURNING fence",
+                )
+                .bind(target)
+                .bind(lease.id)
+                .bind(worker)
+                .bind(lease_ms)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if fence.is_none() {
+                    let holder = sqlx::query(
+                        "SELECT holder_job, holder_worker FROM locks WHERE target = $1",
+                    )
+                    .bind(target)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    let holder_job: Option<i64> = holder.try_get("holder_job")?;
+                    let holder_worker: Option<String> = holder.try_get("holder_worker")?;
+                    tx.rollback().await?;
+                    let holder_job = holder_job.ok_or_else(|| {
+                        StoreError::Database(format!(
+                            "the lock on {target} changed while job {} started; try again",
+                            lease.id
+                        ))
+                    })?;
+                    return Ok(StartOutcome::LockBusy {
+                        holder_job,
+                        holder_worker,
+                    });
+                }
+                fence
+            }
+        };
+        let attempt: i32 = sqlx::query_scalar(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, \
+                 lease_expires_at = now() + $2 * interval '1 millisecond', started_at = now(), \
+                 lock_fence = $3, on_stale = $4, backoff_ms = $5 \
+             WHERE id = $1 RETURNING attempt",
+        )
+        .bind(lease.id)
+        .bind(lease_ms)
+        .bind(fence)
+        .bind(spec.on_stale.as_str())
+        .bind(ms(spec.backoff))
+        .fetch_one(&mut *tx)
+        .await?;
+        let detail = match fence {
+            Some(f) => format!("attempt {attempt}, fence {f}"),
+            None => format!("attempt {attempt}"),
+        };
+        log_event(
+            &mut tx,
+            lease.id,
+            Some(State::Leased),
+            State::Running,
+            worker,
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(StartOutcome::Started { attempt, fence })
+    }
+
+    pub(super) async fn unclaim_job(
+        &self,
+        lease: LeaseRef,
+        delay: Duration,
+        actor: &str,
+        detail: &str,
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(
+            "UPDATE jobs SET state = 'queued', due_at = now() + $3 * interval '1 millisecond', \
+                 lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(ms(delay))
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.id));
+        }
+        log_event(
+            &mut tx,
+            lease.id,
+            Some(State::Leased),
+            State::Queued,
+            actor,
+            detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn fail_leased_job(
+        &self,
+        lease: LeaseRef,
+        actor: &str,
+        error: &str,
+    ) -> Result<()> {
+        let error = clean(error);
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(
+            "UPDATE jobs SET state = 'failed', last_error = $3, finished_at = now() \
+             WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(&error)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.id));
+        }
+        log_event(
+            &mut tx,
+            lease.id,
+            Some(State::Leased),
+            State::Failed,
+            actor,
+            &error,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn renew_leases(
+        &self,
+        worker: &WorkerBeat,
+        leases: &[LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<(LeaseRef, Renewal)>> {
+        let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
+        let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+        let pipelines = serde_json::to_string(&worker.pipelines)
+            .map_err(|e| StoreError::Invalid(format!("worker pipelines: {e}")))?;
+        // One statement (so one implicit transaction and one round trip):
+        // heartbeat, lease extension that never shortens, lock display times.
+        let rows = sqlx::query(
+            "WITH beat AS ( \
+                 INSERT INTO workers AS w (id, host, pid, slots, busy, paused, pipelines, started_at, heartbeat_at, gone) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, now(), now(), false) \
+                 ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, \
+                     slots = EXCLUDED.slots, busy = EXCLUDED.busy, paused = EXCLUDED.paused, \
+                     pipelines = EXCLUDED.pipelines, heartbeat_at = now(), gone = false \
+             ), renewed AS ( \
+                 UPDATE jobs j SET lease_expires_at = \
+                     GREATEST(j.lease_expires_at, now() + $10 * interval '1 millisecond') \
+                 FROM unnest($8::bigint[], $9::bigint[]) AS t(id, token) \
+                 WHERE j.id = t.id AND j.lease_token = t.token AND j.state IN ('leased','running') \
+                 RETURNING j.id, j.lease_token, j.target, j.lease_expires_at, \
+                     j.cancel_requested_at IS NOT NULL AS cancel_requested \
+             ), shown AS ( \
+                 UPDATE locks l SET expires_at = r.lease_expires_at FROM renewed r \
+                 WHERE l.target = r.target AND l.holder_job = r.id \
+             ) \
+             SELECT id, lease_token, \
+                 (extract(epoch FROM lease_expires_at - now()) * 1000)::bigint AS remaining_ms, \
+                 cancel_requested \
+             FROM renewed",
+        )
+        .bind(&worker.id)
+        .bind(&worker.host)
+        .bind(worker.pid)
+        .bind(worker.slots)
+        .bind(worker.busy)
+        .bind(worker.paused)
+        .bind(&pipelines)
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(ms(lease))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut held = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let key = LeaseRef {
+                id: r.try_get("id")?,
+                token: r.try_get("lease_token")?,
+            };
+            let remaining: i64 = r.try_get("remaining_ms")?;
+            held.insert(
+                key,
+                Renewal::Held {
+                    remaining: Duration::from_millis(remaining.max(0) as u64),
+                    cancel_requested: r.try_get("cancel_requested")?,
+                },
+            );
+        }
+        Ok(leases
+            .iter()
+            .map(|l| (*l, held.get(l).copied().unwrap_or(Renewal::Lost)))
+            .collect())
+    }
+
+    pub(super) async fn advance_job_step(
+        &self,
+        lease: LeaseRef,
+        step: i32,
+        checkpoints: &[(String, String)],
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        // max(): re-sending after a connection error must not skip a step.
+        let row = sqlx::query(
+            "UPDATE jobs SET step = GREATEST(step, $3 + 1) \
+             WHERE id = $1 AND lease_token = $2 AND state = 'running' \
+             RETURNING pipeline, COALESCE(target, '') AS target",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(step)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::LeaseLost(lease.id));
+        };
+        if !checkpoints.is_empty() {
+            // One row per key (the last value wins): an upsert may not touch
+            // the same row twice in one statement.
+            let mut last: Vec<(String, String)> = Vec::new();
+            for (k, v) in checkpoints {
+                match last.iter_mut().find(|(lk, _)| lk == k) {
+                    Some(slot) => slot.1 = clean(v),
+                    None => last.push((clean(k), clean(v))),
+                }
+            }
+            let (keys, values): (Vec<String>, Vec<String>) = last.into_iter().unzip();
+            sqlx::query(
+                "INSERT INTO checkpoints (pipeline, target, key, value, job_id, updated_at) \
+                 SELECT $1, $2, k, v, $3, now() FROM unnest($4::text[], $5::text[]) AS t(k, v) \
+                 ON CONFLICT (pipeline, target, key) DO UPDATE SET value = EXCLUDED.value, \
+                     job_id = EXCLUDED.job_id, updated_at = EXCLUDED.updated_at",
+            )
+            .bind(row.try_get::<String, _>("pipeline")?)
+            .bind(row.try_get::<String, _>("target")?)
+            .bind(lease.id)
+            .bind(&keys)
+            .bind(&values)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn save_job_output(&self, lease: LeaseRef, tail: &str) -> Result<()> {
+        let saved: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO job_output (job_id, tail, updated_at) \
+             SELECT id, $3, now() FROM jobs \
+             WHERE id = $1 AND lease_token = $2 AND state = 'running' \
+             ON CONFLICT (job_id) DO UPDATE SET tail = EXCLUDED.tail, updated_at = EXCLUDED.updated_at \
+             RETURNING job_id",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .bind(clean(tail))
+        .fetch_optional(&self.pool)
+        .await?;
+        saved.map(|_| ()).ok_or(StoreError::LeaseLost(lease.id))
+    }
+
+    pub(super) async fn finish_job(
+        &self,
+        lease: LeaseRef,
+        outcome: Outcome,
+        actor: &str,
+    ) -> Result<State> {
+        let mut tx = self.pool.begin().await?;
+        let row = sqlx::query(
+            "SELECT attempt, max_attempts, cancel_requested_at IS NOT NULL AS cancel_pending, \
+                 target, lock_fence, backoff_ms \
+             FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'running' FOR UPDATE",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::LeaseLost(lease.id));
+        };
+        let attempt: i32 = row.try_get("attempt")?;
+        let max_attempts: i32 = row.try_get("max_attempts")?;
+        let cancel_pending: bool = row.try_get("cancel_pending")?;
+        let target: Option<String> = row.try_get("target")?;
+        let fence: Option<i64> = row.try_get("lock_fence")?;
+        let backoff_ms: i64 = row.try_get("backoff_ms")?;
+        let (to, error) = match outcome {
+            Outcome::Succeeded => (State::Succeeded, None),
+            Outcome::Cancelled => (State::Cancelled, None),
+            Outcome::Failed { error, retry: true } => (
+                job::after_failure(attempt, max_attempts, cancel_pending),
+                Some(clean(&error)),
+            ),
+            Outcome::Failed {
+                error,
+                retry: false,
+            } => {
+                let to = if cancel_pending {
+                    State::Cancelled
+                } else {
+                    State::Failed
+                };
+                (to, Some(clean(&error)))
+            }
+        };
+        if to == State::Queued {
+            let base = Duration::from_millis(backoff_ms.max(0) as u64);
+            let delay = job::backoff(base, attempt, rand::random::<f64>());
+            sqlx::query(
+                "UPDATE jobs SET state = 'queued', due_at = now() + $2 * interval '1 millisecond', \
+                     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, \
+                     last_error = $3 \
+                 WHERE id = $1",
+            )
+            .bind(lease.id)
+            .bind(ms(delay))
+            .bind(&error)
+            .execute(&mut *tx)
+            .await?;
+        } else {
+            sqlx::query(
+                "UPDATE jobs SET state = $2, finished_at = now(), \
+                     last_error = COALESCE($3, last_error) \
+                 WHERE id = $1",
+            )
+            .bind(lease.id)
+            .bind(to.as_str())
+            .bind(&error)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if let (Some(target), Some(fence)) = (&target, fence) {
+            release_by_fence(&mut tx, target, fence, lease.id).await?;
+        }
+        log_event(
+            &mut tx,
+            lease.id,
+            Some(State::Running),
+            to,
+            actor,
+            error.as_deref().unwrap_or(""),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(to)
+    }
+}
+
+/// Free `target`'s lock if `job` still holds it under `fence`; the fence
+/// stays so the next holder's is larger.
+pub(super) async fn release_by_fence(
+    conn: &mut sqlx::PgConnection,
+    target: &str,
+    fence: i64,
+    job: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL, \
+             expires_at = NULL \
+         WHERE target = $1 AND fence = $2 AND holder_job = $3",
+    )
+    .bind(target)
+    .bind(fence)
+    .bind(job)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
