@@ -1,6 +1,7 @@
 //! jobdeck: a database-backed queue for long-running data jobs, with a live
 //! terminal console. See DESIGN.md for the contract.
 
+pub mod config;
 pub mod engine;
 pub mod job;
 pub mod store;
