@@ -1,9 +1,37 @@
-fn main() {
+use std::process::ExitCode;
+
+use clap::Parser;
+use jobdeck::cli::{self, Cli};
+
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // The step supervisor is this same binary in a hidden mode; it must start
     // before any runtime or logging is set up.
     if args.get(1).map(String::as_str) == Some("__supervise") {
-        std::process::exit(jobdeck::engine::supervisor::main(args[2..].to_vec()));
+        return ExitCode::from(jobdeck::engine::supervisor::main(args[2..].to_vec()) as u8);
     }
-    println!("jobdeck");
+    let mut cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("jobdeck: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let config = cli::load_config(cli.config.as_deref())?;
+        match cli.command.take() {
+            Some(command) => cli::run(cli, config, command).await,
+            None => anyhow::bail!("the console is not built yet; try `jobdeck --help`"),
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            if let Some(line) = cli::error_line(&e) {
+                eprintln!("{line}");
+            }
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -2,12 +2,28 @@
 //! and scheduler. `jobdeck worker` runs it headless; the console embeds it
 //! through [`EngineHandle`]. The engine never knows the console exists.
 
+pub mod executor;
+mod heartbeat;
+mod job_run;
+mod notices;
+mod output;
+mod reaper;
+mod registry;
+pub mod retry;
+mod runtime;
+mod scheduler;
+mod steps;
 pub mod supervisor;
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::store::Store;
 
 /// What one busy slot is doing.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,11 +46,14 @@ pub struct EngineStatus {
     pub paused: bool,
     /// Set while draining: when running jobs will be stopped.
     pub draining_until: Option<Instant>,
-    /// Whether the last database round trip failed (the engine keeps retrying).
+    /// The last database error of a background loop (they keep retrying);
+    /// cleared by the next success.
     pub database_error: Option<String>,
     pub running: Vec<SlotStatus>,
     /// Leased but not yet started.
     pub leased: usize,
+    /// Set once the engine has fully stopped.
+    pub stopped: bool,
 }
 
 impl EngineStatus {
@@ -43,11 +62,48 @@ impl EngineStatus {
     }
 }
 
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Overrides `[workers] slots`.
+    pub slots: Option<usize>,
+    /// Run the cron scheduler on this node.
+    pub scheduler: bool,
+    /// Where each job's output log goes (`job-<id>.log`).
+    pub log_dir: PathBuf,
+}
+
+/// Start the engine on `store` with the pipelines of `config`.
+pub fn start(store: Store, config: Arc<Config>, opts: EngineOptions) -> EngineHandle {
+    let slots = opts.slots.unwrap_or(config.workers.slots).max(1);
+    let worker_id = format!(
+        "{}-{}-{:04x}",
+        crate::job::hostname(),
+        std::process::id(),
+        rand::random::<u16>()
+    );
+    let (status_tx, status_rx) = watch::channel(EngineStatus {
+        worker_id: worker_id.clone(),
+        slots,
+        ..EngineStatus::default()
+    });
+    let (control_tx, control_rx) = mpsc::unbounded_channel();
+    let ctx = Arc::new(runtime::Ctx::new(
+        store, config, opts, worker_id, slots, status_tx,
+    ));
+    tokio::spawn(runtime::run(ctx.clone(), control_rx));
+    EngineHandle {
+        control: control_tx,
+        status: status_rx,
+        wake: ctx.wake.clone(),
+    }
+}
+
 /// Control of a running engine. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
-    control: tokio::sync::mpsc::UnboundedSender<Control>,
+    control: mpsc::UnboundedSender<Control>,
     status: watch::Receiver<EngineStatus>,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Debug)]
@@ -62,6 +118,9 @@ impl EngineHandle {
     pub fn status(&self) -> EngineStatus {
         self.status.borrow().clone()
     }
+    pub fn worker_id(&self) -> String {
+        self.status.borrow().worker_id.clone()
+    }
     /// A receiver that changes whenever the status does.
     pub fn subscribe(&self) -> watch::Receiver<EngineStatus> {
         self.status.clone()
@@ -74,6 +133,10 @@ impl EngineHandle {
     pub fn set_slots(&self, slots: usize) {
         let _ = self.control.send(Control::SetSlots(slots.max(1)));
     }
+    /// Claim now: a job was just enqueued in this process.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
     /// Stop claiming, hand leased jobs back, give running jobs `grace`, then
     /// stop them (they take the retry path). Resolves when all slots are idle.
     pub async fn drain(&self, grace: Duration) {
@@ -85,9 +148,9 @@ impl EngineHandle {
         let _ = self.control.send(Control::Stop);
         self.stopped().await;
     }
-    async fn stopped(&self) {
+    /// Resolves once the engine has fully stopped.
+    pub async fn stopped(&self) {
         let mut rx = self.status.clone();
-        // The engine drops its sender when it has fully stopped.
-        while rx.changed().await.is_ok() {}
+        let _ = rx.wait_for(|s| s.stopped).await;
     }
 }

@@ -1,0 +1,102 @@
+//! Command-line entry: resolve config and database, then run one command.
+
+mod args;
+mod commands;
+mod output;
+mod worker;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+pub use args::{Cli, Command, parse_duration};
+pub use worker::data_dir;
+
+use crate::config::{self, Config};
+use crate::store::{self, Store};
+
+/// An error already reported to the user; only the exit status is left.
+#[derive(Debug)]
+pub struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reported")
+    }
+}
+
+impl std::error::Error for Reported {}
+
+const DEFAULT_DB: &str = "sqlite://jobdeck.db";
+
+/// `--config FILE`, else `./jobdeck.toml` when present, else no pipelines.
+pub fn load_config(path: Option<&Path>) -> Result<Config> {
+    let path: Option<PathBuf> = match path {
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(PathBuf::from("jobdeck.toml")).filter(|p| p.exists()),
+    };
+    match path {
+        Some(p) => Ok(config::load(&p)?),
+        None => Ok(Config::default_empty()),
+    }
+}
+
+/// `--db` (or `JOBDECK_DB`) > `[database] url` > `sqlite://jobdeck.db`.
+pub fn database_url(cli_db: Option<&str>, config: &Config) -> String {
+    cli_db
+        .map(str::to_string)
+        .or_else(|| config.database.url.clone())
+        .unwrap_or_else(|| DEFAULT_DB.to_string())
+}
+
+pub async fn connect(url: &str) -> Result<Store> {
+    // The backends time out on their own; this guards against a hang
+    // anywhere else (name resolution, a stuck TLS handshake).
+    match tokio::time::timeout(store::CONNECT_TIMEOUT * 2, store::connect(url)).await {
+        Ok(r) => Ok(r?),
+        Err(_) => anyhow::bail!(
+            "database unreachable: {}: no answer within {}s",
+            store::redact_url(url),
+            (store::CONNECT_TIMEOUT * 2).as_secs()
+        ),
+    }
+}
+
+/// Run a store command; returns the process exit code.
+pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
+    let url = database_url(cli.db.as_deref(), &config);
+    let store = connect(&url).await?;
+    match command {
+        Command::Migrate => println!("database {} is up to date", store.display_url()),
+        Command::Enqueue(a) => commands::enqueue(&store, &config, a).await?,
+        Command::Jobs(a) => commands::jobs(&store, a).await?,
+        Command::Show { id, json } => commands::show(&store, id, json).await?,
+        Command::Cancel(a) => commands::cancel(&store, &a.ids, a.json).await?,
+        Command::Requeue(a) => commands::requeue(&store, &a.ids, a.json).await?,
+        Command::Extend { ids, by, json } => {
+            commands::extend(&store, &config, &ids, by, json).await?
+        }
+        Command::Release { target, json } => commands::release(&store, &target, json).await?,
+        Command::Locks(f) => commands::locks(&store, f.json).await?,
+        Command::Workers(f) => commands::workers(&store, f.json).await?,
+        Command::Stats(f) => commands::stats(&store, f.json).await?,
+        Command::Schedules(f) => commands::schedules(&store, f.json).await?,
+        Command::Schedule { action } => commands::schedule(&store, action).await?,
+        Command::Wait { ids, timeout } => return commands::wait(&store, &ids, timeout).await,
+        Command::Worker(a) => return worker::run(store, config, a).await,
+    }
+    Ok(0)
+}
+
+/// The one line printed for a failed command.
+pub fn error_line(e: &anyhow::Error) -> Option<String> {
+    if e.downcast_ref::<Reported>().is_some() {
+        return None;
+    }
+    Some(format!("jobdeck: {e:#}").replace('\n', " "))
+}
+
+/// Context helper for reading files named on the command line.
+pub fn read_to_string(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}

@@ -1,0 +1,50 @@
+//! Database push notifications (Postgres LISTEN/NOTIFY): claim at once when
+//! a job is enqueued anywhere, stop a cancelled job at once. Without them
+//! (SQLite) the claim loop polls and the heartbeat carries cancel requests.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::registry::JobSignal;
+use super::retry::Backoff;
+use super::runtime::Ctx;
+use crate::store::Notice;
+
+pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
+    let mut backoff = Backoff::default();
+    loop {
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            s = ctx.store.notices() => s,
+        };
+        let mut stream = match stream {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("listen for notifications: {e}; retrying");
+                tokio::select! { _ = stop.cancelled() => return, _ = backoff.wait() => continue }
+            }
+        };
+        backoff.reset();
+        // A notice may have been missed while (re)connecting.
+        ctx.wake.notify_one();
+        loop {
+            let next = tokio::select! {
+                _ = stop.cancelled() => return,
+                n = stream.next() => n,
+            };
+            match next {
+                Some(Ok(Notice::JobsAvailable)) => ctx.wake.notify_one(),
+                Some(Ok(Notice::CancelRequested(id))) => ctx.registry.signal(id, JobSignal::Cancel),
+                Some(Err(e)) => {
+                    tracing::warn!("notifications: {e}; reconnecting");
+                    break;
+                }
+                None => break,
+            }
+        }
+        tokio::select! { _ = stop.cancelled() => return, _ = backoff.wait() => {} }
+    }
+}
