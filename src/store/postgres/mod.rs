@@ -56,7 +56,18 @@ impl PgStore {
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(opts)
             .await
-            .map_err(|e| StoreError::Unreachable(format!("{shown}: {}", strip(&e, url))))?;
+            .map_err(|e| match e {
+                // The pool's own words ("pool timed out…") hide what happened.
+                sqlx::Error::PoolTimedOut => StoreError::Unreachable(format!(
+                    "{shown}: no answer within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )),
+                // The server's own sentence, without the driver's source line.
+                sqlx::Error::Database(db) => {
+                    StoreError::Unreachable(format!("{shown}: {}", strip(&db.message(), url)))
+                }
+                e => StoreError::Unreachable(format!("{shown}: {}", strip(&e, url))),
+            })?;
         // The table is absent on a fresh database: no version applied.
         let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
             .fetch_one(&pool)
