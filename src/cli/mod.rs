@@ -2,6 +2,7 @@
 
 mod args;
 mod commands;
+pub mod logging;
 mod output;
 mod worker;
 
@@ -64,6 +65,11 @@ pub async fn connect(url: &str) -> Result<Store> {
 
 /// Run a store command; returns the process exit code.
 pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
+    logging::to_stderr(if matches!(command, Command::Worker(_)) {
+        "info"
+    } else {
+        "warn"
+    });
     let url = database_url(cli.db.as_deref(), &config);
     let store = connect(&url).await?;
     match command {
