@@ -293,6 +293,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     // ---- producers ----
     async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued>;
+    /// Enqueue many jobs at once (no unique keys), returning their ids in
+    /// order. Backends override this with a bulk insert.
+    async fn enqueue_many(&self, jobs: Vec<NewJob>, actor: &str) -> Result<Vec<i64>> {
+        let mut ids = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            ids.push(self.enqueue(job, actor).await?.id);
+        }
+        Ok(ids)
+    }
 
     // ---- workers (fenced by lease token) ----
     /// Up to `limit` due queued jobs of the given pipelines, in claim order,
