@@ -1,0 +1,60 @@
+//! What the console knows about pipelines from the configuration: step
+//! names (to show "step 2/4 verify" for jobs of every node) and lease
+//! lengths (to colour a lease running out, and for `e`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Default lease when a pipeline is unknown to this node's configuration.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineInfo {
+    pub steps: Vec<String>,
+    pub lease: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Catalog {
+    pub pipelines: BTreeMap<String, PipelineInfo>,
+    /// A worker without a heartbeat for this long is treated as gone: its
+    /// jobs' leases are not extended.
+    pub worker_alive: Duration,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            pipelines: BTreeMap::new(),
+            worker_alive: DEFAULT_LEASE,
+        }
+    }
+}
+
+impl Catalog {
+    pub fn lease(&self, pipeline: &str) -> Duration {
+        self.pipelines
+            .get(pipeline)
+            .map_or(DEFAULT_LEASE, |p| p.lease)
+    }
+
+    /// "2/4 verify" for 0-based `step`; "3" when the pipeline is unknown here.
+    pub fn step_label(&self, pipeline: &str, step: i32) -> String {
+        match self.pipelines.get(pipeline) {
+            Some(p) => {
+                let name = usize::try_from(step)
+                    .ok()
+                    .and_then(|i| p.steps.get(i))
+                    .map_or("?", String::as_str);
+                format!("{}/{} {name}", step + 1, p.steps.len())
+            }
+            None => format!("{}", step + 1),
+        }
+    }
+
+    /// The name of the step a job stopped at (for stale rows).
+    pub fn step_name(&self, pipeline: &str, step: i32) -> Option<&str> {
+        let p = self.pipelines.get(pipeline)?;
+        p.steps.get(usize::try_from(step).ok()?).map(String::as_str)
+    }
+}

@@ -1,0 +1,215 @@
+//! What the operator has done to the view: focus, selection, marks, filter,
+//! open dialogs, the flash line. No I/O here; `update` changes it and
+//! `render` reads it.
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+
+use crate::job::Job;
+
+use super::dialogs::Overlay;
+use super::snapshot::Snapshot;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Pane {
+    Queued,
+    Leased,
+    Running,
+    Stale,
+    Locks,
+    Workers,
+    Finished,
+    Schedules,
+}
+
+impl Pane {
+    pub const ALL: [Pane; 8] = [
+        Pane::Queued,
+        Pane::Leased,
+        Pane::Running,
+        Pane::Stale,
+        Pane::Locks,
+        Pane::Workers,
+        Pane::Finished,
+        Pane::Schedules,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The key that focuses it: 1–8.
+    pub fn number(self) -> usize {
+        self.index() + 1
+    }
+
+    pub fn from_number(n: usize) -> Option<Pane> {
+        n.checked_sub(1).and_then(|i| Pane::ALL.get(i)).copied()
+    }
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Pane::Queued => "Queued",
+            Pane::Leased => "Leased",
+            Pane::Running => "Running",
+            Pane::Stale => "Stale",
+            Pane::Locks => "Locks",
+            Pane::Workers => "Workers",
+            Pane::Finished => "Finished",
+            Pane::Schedules => "Schedules",
+        }
+    }
+
+    pub fn next(self) -> Pane {
+        Pane::ALL[(self.index() + 1) % Pane::ALL.len()]
+    }
+
+    pub fn prev(self) -> Pane {
+        Pane::ALL[(self.index() + Pane::ALL.len() - 1) % Pane::ALL.len()]
+    }
+
+    /// Panes whose rows are jobs (and so can be opened, marked, cancelled).
+    pub fn shows_jobs(self) -> bool {
+        matches!(
+            self,
+            Pane::Queued | Pane::Leased | Pane::Running | Pane::Stale | Pane::Finished
+        )
+    }
+
+    /// The wide layout shows one of these at a time in its bottom-right
+    /// corner, the one last focused.
+    pub fn is_side(self) -> bool {
+        matches!(self, Pane::Workers | Pane::Finished | Pane::Schedules)
+    }
+
+    /// The jobs a pane shows, when it shows jobs.
+    pub fn jobs(self, snap: &Snapshot) -> &[Job] {
+        match self {
+            Pane::Queued => &snap.queued,
+            Pane::Leased => &snap.leased,
+            Pane::Running => &snap.running,
+            Pane::Stale => &snap.stale,
+            Pane::Finished => &snap.finished,
+            _ => &[],
+        }
+    }
+
+    pub fn len(self, snap: &Snapshot) -> usize {
+        match self {
+            Pane::Locks => snap.locks.len(),
+            Pane::Workers => snap.workers.len(),
+            Pane::Schedules => snap.schedules.len(),
+            p => p.jobs(snap).len(),
+        }
+    }
+}
+
+/// The result of the last action, shown in the footer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flash {
+    pub text: String,
+    pub error: bool,
+}
+
+impl Flash {
+    pub fn ok(text: impl Into<String>) -> Flash {
+        Flash {
+            text: text.into(),
+            error: false,
+        }
+    }
+    pub fn err(text: impl Into<String>) -> Flash {
+        Flash {
+            text: text.into(),
+            error: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct App {
+    pub focus: Pane,
+    /// Which of Workers/Finished/Schedules the wide layout shows.
+    pub side: Pane,
+    /// Selected row per pane (clamped to the rows present when used).
+    pub selected: [usize; 8],
+    /// First visible row per pane, written by the draw so that scrolling is
+    /// stable between frames (the draw otherwise only reads the state).
+    pub offset: [Cell<usize>; 8],
+    /// Jobs marked with Space; `c` and `r` act on these when any.
+    pub marked: BTreeSet<i64>,
+    /// Active text filter (id, pipeline, target).
+    pub filter: String,
+    /// The job whose detail view is open.
+    pub detail: Option<i64>,
+    pub overlay: Option<Overlay>,
+    pub flash: Option<Flash>,
+    pub readonly: bool,
+    /// Set once `q` was pressed: the drain is under way.
+    pub draining: bool,
+}
+
+impl App {
+    pub fn new(readonly: bool) -> App {
+        App {
+            focus: Pane::Queued,
+            side: Pane::Workers,
+            selected: [0; 8],
+            offset: Default::default(),
+            marked: BTreeSet::new(),
+            filter: String::new(),
+            detail: None,
+            overlay: None,
+            flash: None,
+            readonly,
+            draining: false,
+        }
+    }
+
+    pub fn focus(&mut self, pane: Pane) {
+        self.focus = pane;
+        if pane.is_side() {
+            self.side = pane;
+        }
+    }
+
+    /// The selected row of `pane`, clamped to what the snapshot holds.
+    pub fn selected_row(&self, pane: Pane, snap: &Snapshot) -> Option<usize> {
+        let len = pane.len(snap);
+        (len > 0).then(|| self.selected[pane.index()].min(len - 1))
+    }
+
+    /// Move the selection of the focused pane by `delta` rows.
+    pub fn move_by(&mut self, delta: isize, snap: &Snapshot) {
+        let pane = self.focus;
+        let len = pane.len(snap);
+        if len == 0 {
+            self.selected[pane.index()] = 0;
+            return;
+        }
+        let cur = self.selected[pane.index()].min(len - 1) as isize;
+        self.selected[pane.index()] = (cur + delta).clamp(0, len as isize - 1) as usize;
+    }
+
+    pub fn select(&mut self, pane: Pane, row: usize) {
+        self.selected[pane.index()] = row;
+    }
+
+    /// The job the operator is pointing at: the detail view's, else the
+    /// focused pane's selected row.
+    pub fn selected_job<'a>(&self, snap: &'a Snapshot) -> Option<&'a Job> {
+        if let Some(id) = self.detail {
+            return snap.job(id);
+        }
+        let row = self.selected_row(self.focus, snap)?;
+        self.focus.jobs(snap).get(row)
+    }
+
+    /// The jobs `c`/`r` act on: the marked ones, else the selected one.
+    pub fn targets(&self, snap: &Snapshot) -> Vec<i64> {
+        if !self.marked.is_empty() && self.detail.is_none() {
+            return self.marked.iter().copied().collect();
+        }
+        self.selected_job(snap).map(|j| j.id).into_iter().collect()
+    }
+}

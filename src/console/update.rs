@@ -1,0 +1,198 @@
+//! Keys in, state changes and commands out. Pure: no I/O, so every key's
+//! effect is testable against a fixed snapshot.
+
+use ratatui::crossterm::event::KeyEvent;
+
+use crate::job::{Move, check};
+
+use super::actions::Command;
+use super::catalog::Catalog;
+use super::dialogs::{Confirm, Input, Overlay, Reply};
+use super::keymap::{self, Action, Context};
+use super::snapshot::Snapshot;
+use super::state::{App, Flash, Pane};
+
+/// Rows moved by PgUp/PgDn.
+pub const PAGE: isize = 10;
+
+/// What the loop must do after a key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    None,
+    Run(Command),
+    /// Drain this node's jobs, then exit.
+    Quit,
+    /// Stop this node's steps at once, then exit.
+    QuitNow,
+}
+
+pub fn on_key(app: &mut App, key: &KeyEvent, snap: &Snapshot, catalog: &Catalog) -> Effect {
+    if let Some(overlay) = app.overlay.as_mut() {
+        let reply = match overlay {
+            // Any key closes the help; it never falls through to an action.
+            Overlay::Help => Reply::Dismissed,
+            Overlay::Confirm(c) => c.key(key),
+            Overlay::Input(i) => i.key(key),
+        };
+        return match reply {
+            Reply::Open => Effect::None,
+            Reply::Dismissed => {
+                app.overlay = None;
+                Effect::None
+            }
+            Reply::Run(cmd) => {
+                app.overlay = None;
+                app.marked.clear();
+                Effect::Run(cmd)
+            }
+            Reply::SetFilter(text) => {
+                app.overlay = None;
+                app.filter = text;
+                app.selected = [0; 8];
+                Effect::None
+            }
+        };
+    }
+    let ctx = Context {
+        pane: app.focus,
+        detail: app.detail.is_some(),
+    };
+    let Some(action) = keymap::lookup(key, ctx, app.readonly) else {
+        if let Some(b) = keymap::binding_for(key, ctx).filter(|b| b.mutating && app.readonly) {
+            app.flash = Some(Flash::err(format!(
+                "read-only console: {} ({}) is disabled",
+                b.label, b.description
+            )));
+        }
+        return Effect::None;
+    };
+    apply(app, action, snap, catalog)
+}
+
+pub fn apply(app: &mut App, action: Action, snap: &Snapshot, catalog: &Catalog) -> Effect {
+    match action {
+        Action::FocusNext => focus(app, app.focus.next()),
+        Action::FocusPrev => focus(app, app.focus.prev()),
+        Action::Focus(p) => focus(app, p),
+        Action::Up => app.move_by(-1, snap),
+        Action::Down => app.move_by(1, snap),
+        Action::PageUp => app.move_by(-PAGE, snap),
+        Action::PageDown => app.move_by(PAGE, snap),
+        Action::Top => app.move_by(isize::MIN / 2, snap),
+        Action::Bottom => app.move_by(isize::MAX / 2, snap),
+        Action::Open => app.detail = app.selected_job(snap).map(|j| j.id),
+        Action::Back => back(app),
+        Action::Mark => {
+            if let Some(id) = app.selected_job(snap).map(|j| j.id) {
+                if !app.marked.remove(&id) {
+                    app.marked.insert(id);
+                }
+                app.move_by(1, snap);
+            }
+        }
+        Action::Cancel => return ask(app, Command::Cancel(app.targets(snap))),
+        Action::Requeue => return ask(app, Command::Requeue(app.targets(snap))),
+        Action::Extend => {
+            let ids = app.targets(snap);
+            // One lease length of the job's own pipeline; with several jobs
+            // marked, the longest of theirs, so none gets less than its lease.
+            let by = ids
+                .iter()
+                .filter_map(|id| snap.job(*id))
+                .map(|j| catalog.lease(&j.pipeline))
+                .max();
+            return match by {
+                Some(by) => Effect::Run(Command::Extend { ids, by }),
+                None => nothing_selected(app),
+            };
+        }
+        Action::ExtendBy => {
+            let ids = app.targets(snap);
+            if ids.is_empty() {
+                return nothing_selected(app);
+            }
+            app.overlay = Some(Overlay::Input(Input::extend_by(ids)));
+        }
+        Action::ReleaseLock => {
+            let Some(lock) = app.selected_row(Pane::Locks, snap).map(|i| &snap.locks[i]) else {
+                return nothing_selected(app);
+            };
+            // Refuse here, in the store's words, rather than ask a y/n
+            // question whose answer can only be refused.
+            if let Err(e) = check(lock.job_id, lock.job_state, Move::ReleaseLock) {
+                app.flash = Some(Flash::err(e.to_string()));
+                return Effect::None;
+            }
+            return ask(app, Command::ReleaseLock(lock.target.clone()));
+        }
+        Action::FireNow | Action::ToggleSchedule => {
+            let Some(s) = app
+                .selected_row(Pane::Schedules, snap)
+                .map(|i| &snap.schedules[i])
+            else {
+                return nothing_selected(app);
+            };
+            return Effect::Run(if action == Action::FireNow {
+                Command::FireNow {
+                    id: s.id,
+                    name: s.def.name.clone(),
+                }
+            } else {
+                Command::SetSchedulePaused {
+                    name: s.def.name.clone(),
+                    paused: !s.paused,
+                }
+            });
+        }
+        Action::Filter => app.overlay = Some(Overlay::Input(Input::filter(&app.filter))),
+        Action::Enqueue => {
+            let pipeline = app
+                .selected_job(snap)
+                .map(|j| j.pipeline.clone())
+                .or_else(|| catalog.pipelines.keys().next().cloned())
+                .unwrap_or_default();
+            app.overlay = Some(Overlay::Input(Input::enqueue(&pipeline)));
+        }
+        Action::PauseNode => return Effect::Run(Command::ToggleNodePause),
+        Action::SlotsUp => return Effect::Run(Command::Slots(1)),
+        Action::SlotsDown => return Effect::Run(Command::Slots(-1)),
+        Action::Help => app.overlay = Some(Overlay::Help),
+        Action::Quit => return Effect::Quit,
+        Action::QuitNow => return Effect::QuitNow,
+    }
+    Effect::None
+}
+
+fn focus(app: &mut App, pane: Pane) {
+    app.detail = None;
+    app.focus(pane);
+}
+
+/// Esc peels one layer: detail view, then marks, then the filter.
+fn back(app: &mut App) {
+    app.flash = None;
+    if app.detail.take().is_some() {
+        return;
+    }
+    if !app.marked.is_empty() {
+        app.marked.clear();
+        return;
+    }
+    app.filter.clear();
+}
+
+fn ask(app: &mut App, command: Command) -> Effect {
+    match &command {
+        Command::Cancel(ids) | Command::Requeue(ids) if ids.is_empty() => nothing_selected(app),
+        _ => {
+            let question = command.question().unwrap_or_default();
+            app.overlay = Some(Overlay::Confirm(Confirm { question, command }));
+            Effect::None
+        }
+    }
+}
+
+fn nothing_selected(app: &mut App) -> Effect {
+    app.flash = Some(Flash::err("nothing selected"));
+    Effect::None
+}

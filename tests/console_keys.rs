@@ -1,0 +1,306 @@
+//! The key map as a table (key → action in each context), and what keys do
+//! to the console's state against a fixed snapshot.
+
+use jobdeck::console::dialogs::Overlay;
+use jobdeck::console::fixture;
+use jobdeck::console::keymap::{self, Action, Context};
+use jobdeck::console::update::{Effect, on_key};
+use jobdeck::console::{App, Command, Pane};
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+fn key(code: KeyCode) -> KeyEvent {
+    KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn ch(c: char) -> KeyEvent {
+    let mods = if c.is_ascii_uppercase() {
+        KeyModifiers::SHIFT
+    } else {
+        KeyModifiers::NONE
+    };
+    KeyEvent::new(KeyCode::Char(c), mods)
+}
+
+fn ctx(pane: Pane) -> Context {
+    Context {
+        pane,
+        detail: false,
+    }
+}
+
+#[test]
+fn key_to_action_table() {
+    use Action as A;
+    use KeyCode::*;
+    let detail = Context {
+        pane: Pane::Locks,
+        detail: true,
+    };
+    let cases: &[(KeyEvent, Context, Option<Action>)] = &[
+        (key(Tab), ctx(Pane::Queued), Some(A::FocusNext)),
+        (key(BackTab), ctx(Pane::Queued), Some(A::FocusPrev)),
+        (ch('1'), ctx(Pane::Locks), Some(A::Focus(Pane::Queued))),
+        (ch('5'), ctx(Pane::Queued), Some(A::Focus(Pane::Locks))),
+        (ch('8'), ctx(Pane::Queued), Some(A::Focus(Pane::Schedules))),
+        (ch('9'), ctx(Pane::Queued), None),
+        (ch('j'), ctx(Pane::Queued), Some(A::Down)),
+        (key(Down), ctx(Pane::Queued), Some(A::Down)),
+        (ch('k'), ctx(Pane::Queued), Some(A::Up)),
+        (key(Up), ctx(Pane::Queued), Some(A::Up)),
+        (key(PageDown), ctx(Pane::Queued), Some(A::PageDown)),
+        (key(PageUp), ctx(Pane::Queued), Some(A::PageUp)),
+        (ch('g'), ctx(Pane::Queued), Some(A::Top)),
+        (ch('G'), ctx(Pane::Queued), Some(A::Bottom)),
+        (key(Enter), ctx(Pane::Running), Some(A::Open)),
+        (key(Enter), ctx(Pane::Workers), None),
+        (key(Esc), ctx(Pane::Queued), Some(A::Back)),
+        (ch(' '), ctx(Pane::Stale), Some(A::Mark)),
+        (ch('c'), ctx(Pane::Running), Some(A::Cancel)),
+        (ch('c'), detail, Some(A::Cancel)),
+        (ch('c'), ctx(Pane::Workers), None),
+        (ch('r'), ctx(Pane::Stale), Some(A::Requeue)),
+        (ch('r'), ctx(Pane::Finished), Some(A::Requeue)),
+        (ch('r'), ctx(Pane::Schedules), Some(A::FireNow)),
+        (ch('s'), ctx(Pane::Schedules), Some(A::ToggleSchedule)),
+        (ch('s'), ctx(Pane::Queued), None),
+        (ch('e'), ctx(Pane::Running), Some(A::Extend)),
+        (ch('E'), ctx(Pane::Running), Some(A::ExtendBy)),
+        (ch('x'), ctx(Pane::Locks), Some(A::ReleaseLock)),
+        (ch('x'), ctx(Pane::Running), None),
+        (ch('x'), detail, None),
+        (ch('/'), ctx(Pane::Queued), Some(A::Filter)),
+        (ch('n'), ctx(Pane::Locks), Some(A::Enqueue)),
+        (ch('p'), ctx(Pane::Queued), Some(A::PauseNode)),
+        (ch('+'), ctx(Pane::Queued), Some(A::SlotsUp)),
+        (ch('-'), ctx(Pane::Queued), Some(A::SlotsDown)),
+        (ch('?'), ctx(Pane::Queued), Some(A::Help)),
+        (ch('q'), ctx(Pane::Queued), Some(A::Quit)),
+        (ch('Q'), ctx(Pane::Queued), Some(A::QuitNow)),
+        (
+            KeyEvent::new(Char('c'), KeyModifiers::CONTROL),
+            ctx(Pane::Running),
+            Some(A::Quit),
+        ),
+        (
+            KeyEvent::new(Char('r'), KeyModifiers::CONTROL),
+            ctx(Pane::Stale),
+            None,
+        ),
+    ];
+    for (k, c, want) in cases {
+        assert_eq!(keymap::lookup(k, *c, false), *want, "{k:?} in {c:?}");
+    }
+}
+
+#[test]
+fn readonly_leaves_mutating_keys_unbound() {
+    for b in keymap::BINDINGS {
+        for code in b.keys {
+            let k = key(*code);
+            let c = match b.scope {
+                keymap::Scope::Locks => ctx(Pane::Locks),
+                keymap::Scope::Schedules => ctx(Pane::Schedules),
+                _ => ctx(Pane::Running),
+            };
+            let got = keymap::lookup(&k, c, true);
+            if b.mutating {
+                assert_eq!(got, None, "{} is bound in read-only", b.label);
+            } else {
+                assert!(got.is_some(), "{} lost in read-only", b.label);
+            }
+        }
+    }
+    // What changes anything is flagged so.
+    for a in ["c", "r", "e", "E", "x", "s", "n", "p", "+", "-"] {
+        assert!(
+            keymap::BINDINGS
+                .iter()
+                .filter(|b| b.label == a)
+                .all(|b| b.mutating),
+            "{a} must be flagged mutating"
+        );
+    }
+    let hints = keymap::hints(ctx(Pane::Running), true);
+    assert!(hints.iter().all(|(k, _)| !["c", "r", "e", "p"].contains(k)));
+    assert!(hints.iter().any(|(k, _)| *k == "q"));
+}
+
+#[test]
+fn footer_hints_follow_the_focused_pane() {
+    let labels = |p| {
+        keymap::hints(ctx(p), false)
+            .into_iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+    };
+    assert!(labels(Pane::Schedules).contains(&"r fire now".to_string()));
+    assert!(!labels(Pane::Schedules).contains(&"r requeue".to_string()));
+    assert!(labels(Pane::Stale).contains(&"r requeue".to_string()));
+    assert!(labels(Pane::Locks).contains(&"x release lock".to_string()));
+    assert!(!labels(Pane::Queued).contains(&"x release lock".to_string()));
+}
+
+#[test]
+fn cancel_asks_then_runs_on_yes() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    app.focus(Pane::Running);
+    assert_eq!(on_key(&mut app, &ch('c'), &snap, &cat), Effect::None);
+    assert!(matches!(&app.overlay, Some(Overlay::Confirm(c)) if c.question == "Cancel job 7?"));
+    // Any other key leaves the question open; n dismisses it.
+    assert_eq!(on_key(&mut app, &ch('x'), &snap, &cat), Effect::None);
+    assert!(app.overlay.is_some());
+    assert_eq!(on_key(&mut app, &ch('n'), &snap, &cat), Effect::None);
+    assert!(app.overlay.is_none());
+    on_key(&mut app, &ch('c'), &snap, &cat);
+    assert_eq!(
+        on_key(&mut app, &ch('y'), &snap, &cat),
+        Effect::Run(Command::Cancel(vec![7]))
+    );
+}
+
+#[test]
+fn marked_rows_are_the_targets() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    // Queued pane: mark rows 0 and 2 (Space moves down).
+    on_key(&mut app, &ch(' '), &snap, &cat);
+    on_key(&mut app, &ch('j'), &snap, &cat);
+    on_key(&mut app, &ch(' '), &snap, &cat);
+    assert_eq!(app.marked.iter().copied().collect::<Vec<_>>(), vec![11, 13]);
+    on_key(&mut app, &ch('c'), &snap, &cat);
+    assert_eq!(
+        on_key(&mut app, &key(KeyCode::Enter), &snap, &cat),
+        Effect::Run(Command::Cancel(vec![11, 13]))
+    );
+    assert!(app.marked.is_empty(), "marks are spent by the action");
+}
+
+#[test]
+fn extend_uses_the_pipelines_lease_and_typed_durations() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    app.focus(Pane::Stale);
+    // Job 5's pipeline has a 6 s lease.
+    assert_eq!(
+        on_key(&mut app, &ch('e'), &snap, &cat),
+        Effect::Run(Command::Extend {
+            ids: vec![5],
+            by: std::time::Duration::from_secs(6)
+        })
+    );
+    on_key(&mut app, &ch('E'), &snap, &cat);
+    for c in "90s".chars() {
+        on_key(&mut app, &ch(c), &snap, &cat);
+    }
+    assert_eq!(
+        on_key(&mut app, &key(KeyCode::Enter), &snap, &cat),
+        Effect::Run(Command::Extend {
+            ids: vec![5],
+            by: std::time::Duration::from_secs(90)
+        })
+    );
+}
+
+#[test]
+fn release_lock_refuses_running_holders_without_asking() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    app.focus(Pane::Locks);
+    on_key(&mut app, &ch('x'), &snap, &cat);
+    assert!(app.overlay.is_none());
+    let flash = app.flash.clone().unwrap();
+    assert!(flash.error);
+    assert_eq!(
+        flash.text,
+        "job 7 is running: only a stale job's lock can be released by hand"
+    );
+    // The stale holder's lock: asked, then released.
+    on_key(&mut app, &ch('G'), &snap, &cat);
+    on_key(&mut app, &ch('x'), &snap, &cat);
+    assert!(matches!(&app.overlay, Some(Overlay::Confirm(_))));
+    assert_eq!(
+        on_key(&mut app, &ch('y'), &snap, &cat),
+        Effect::Run(Command::ReleaseLock("dataset-stuck".into()))
+    );
+}
+
+#[test]
+fn schedules_fire_and_pause() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    on_key(&mut app, &ch('8'), &snap, &cat);
+    assert_eq!(app.focus, Pane::Schedules);
+    assert_eq!(app.side, Pane::Schedules);
+    assert_eq!(
+        on_key(&mut app, &ch('r'), &snap, &cat),
+        Effect::Run(Command::FireNow {
+            id: 1,
+            name: "nightly-sync".into()
+        })
+    );
+    assert_eq!(
+        on_key(&mut app, &ch('s'), &snap, &cat),
+        Effect::Run(Command::SetSchedulePaused {
+            name: "nightly-sync".into(),
+            paused: true
+        })
+    );
+}
+
+#[test]
+fn navigation_detail_and_back() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    on_key(&mut app, &key(KeyCode::Tab), &snap, &cat);
+    on_key(&mut app, &key(KeyCode::Tab), &snap, &cat);
+    assert_eq!(app.focus, Pane::Running);
+    on_key(&mut app, &ch('G'), &snap, &cat);
+    on_key(&mut app, &ch('j'), &snap, &cat);
+    assert_eq!(app.selected_row(Pane::Running, &snap), Some(1));
+    on_key(&mut app, &key(KeyCode::Enter), &snap, &cat);
+    assert_eq!(app.detail, Some(8));
+    on_key(&mut app, &key(KeyCode::Esc), &snap, &cat);
+    assert_eq!(app.detail, None);
+    on_key(&mut app, &key(KeyCode::BackTab), &snap, &cat);
+    assert_eq!(app.focus, Pane::Leased);
+    // Filter: typed text replaces the filter; Esc clears it.
+    on_key(&mut app, &ch('/'), &snap, &cat);
+    for c in "stuck".chars() {
+        on_key(&mut app, &ch(c), &snap, &cat);
+    }
+    on_key(&mut app, &key(KeyCode::Enter), &snap, &cat);
+    assert_eq!(app.filter, "stuck");
+    on_key(&mut app, &key(KeyCode::Esc), &snap, &cat);
+    assert_eq!(app.filter, "");
+}
+
+#[test]
+fn readonly_key_explains_itself() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(true);
+    app.focus(Pane::Running);
+    assert_eq!(on_key(&mut app, &ch('c'), &snap, &cat), Effect::None);
+    assert!(app.overlay.is_none());
+    assert!(app.flash.unwrap().text.starts_with("read-only console"));
+}
+
+#[test]
+fn quit_keys() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(true);
+    assert_eq!(on_key(&mut app, &ch('q'), &snap, &cat), Effect::Quit);
+    assert_eq!(on_key(&mut app, &ch('Q'), &snap, &cat), Effect::QuitNow);
+    // q inside the help only closes the help.
+    app.overlay = Some(Overlay::Help);
+    assert_eq!(on_key(&mut app, &ch('q'), &snap, &cat), Effect::None);
+    assert!(app.overlay.is_none());
+}

@@ -1,0 +1,198 @@
+//! Snapshot tests of the console's screens, drawn from fixed data with a
+//! fixed clock through ratatui's TestBackend.
+
+use std::time::Duration;
+
+use jobdeck::console::dialogs::{Confirm, Input, Overlay};
+use jobdeck::console::fixture;
+use jobdeck::console::render::{self, Theme, View};
+use jobdeck::console::state::Flash;
+use jobdeck::console::{App, Command, Pane, Snapshot};
+use jobdeck::engine::EngineStatus;
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::style::Color;
+
+struct Screen {
+    app: App,
+    snap: Snapshot,
+    engine: Option<EngineStatus>,
+    theme: Theme,
+    drain_left: Option<Duration>,
+}
+
+impl Screen {
+    fn new() -> Screen {
+        Screen {
+            app: App::new(false),
+            snap: fixture::snapshot(),
+            engine: Some(fixture::engine()),
+            theme: Theme { color: true },
+            drain_left: None,
+        }
+    }
+
+    fn draw(&self, w: u16, h: u16) -> Terminal<TestBackend> {
+        let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+        let catalog = fixture::catalog();
+        term.draw(|f| {
+            render::draw(
+                f,
+                &View {
+                    app: &self.app,
+                    snap: &self.snap,
+                    engine: self.engine.as_ref(),
+                    node_id: fixture::NODE,
+                    db: "postgres://jobdeck:***@db.internal/jobs",
+                    catalog: &catalog,
+                    theme: self.theme,
+                    now: fixture::now(),
+                    drain_left: self.drain_left,
+                },
+            )
+        })
+        .unwrap();
+        term
+    }
+
+    fn text(&self, w: u16, h: u16) -> String {
+        self.draw(w, h).backend().to_string()
+    }
+}
+
+#[test]
+fn main_screen_wide() {
+    let mut s = Screen::new();
+    s.app.focus(Pane::Running);
+    s.app.select(Pane::Running, 1);
+    s.app.marked.insert(7);
+    s.app.flash = Some(Flash::ok("job 9 requeued"));
+    insta::assert_snapshot!("main_120x32", s.text(120, 32));
+}
+
+#[test]
+fn main_screen_narrow_shows_one_pane_with_tabs() {
+    let mut s = Screen::new();
+    s.app.focus(Pane::Queued);
+    let text = s.text(80, 24);
+    insta::assert_snapshot!("main_80x24", text);
+    s.app.focus(Pane::Locks);
+    insta::assert_snapshot!("locks_80x24", s.text(80, 24));
+}
+
+#[test]
+fn detail_view() {
+    let mut s = Screen::new();
+    s.snap = fixture::with_detail(s.snap, 7);
+    s.app.detail = Some(7);
+    insta::assert_snapshot!("detail_120x32", s.text(120, 32));
+}
+
+#[test]
+fn help_overlay_is_generated_from_the_key_map() {
+    let mut s = Screen::new();
+    s.app.overlay = Some(Overlay::Help);
+    let text = s.text(120, 40);
+    insta::assert_snapshot!("help_120x40", text);
+    // Read-only: the mutating keys are gone from the help.
+    s.app.readonly = true;
+    let ro = s.text(120, 40);
+    assert!(text.contains("cancel the marked"));
+    assert!(!ro.contains("cancel the marked"));
+    assert!(ro.contains("read-only"));
+}
+
+#[test]
+fn confirm_dialog() {
+    let mut s = Screen::new();
+    s.app.focus(Pane::Running);
+    let command = Command::Cancel(vec![7]);
+    s.app.overlay = Some(Overlay::Confirm(Confirm {
+        question: command.question().unwrap(),
+        command,
+    }));
+    insta::assert_snapshot!("confirm_120x32", s.text(120, 32));
+}
+
+#[test]
+fn enqueue_dialog() {
+    let mut s = Screen::new();
+    s.app.overlay = Some(Overlay::Input(Input::enqueue("sync")));
+    let text = s.text(80, 24);
+    assert!(text.contains("Enqueue a job"));
+    assert!(text.contains("pipeline: sync▏"));
+}
+
+#[test]
+fn too_small_and_tiny_terminals_do_not_panic() {
+    let s = Screen::new();
+    insta::assert_snapshot!("too_small_30x8", s.text(30, 8));
+    for (w, h) in [
+        (1, 1),
+        (2, 1),
+        (1, 5),
+        (39, 9),
+        (40, 10),
+        (100, 28),
+        (99, 40),
+    ] {
+        let _ = s.text(w, h);
+    }
+}
+
+#[test]
+fn database_error_shows_in_header() {
+    let mut s = Screen::new();
+    s.snap.error = Some("database unreachable: connection refused".into());
+    let text = s.text(120, 32);
+    let header: Vec<&str> = text.lines().take(2).collect();
+    assert!(header[1].contains("database unreachable: connection refused"));
+    // The panes keep the last good rows.
+    assert!(text.contains("dataset-stuck"));
+}
+
+#[test]
+fn queued_rows_say_why_they_wait() {
+    let text = Screen::new().text(120, 32);
+    for why in [
+        "blocked by #7",
+        "retry in 12s",
+        "due in 5s",
+        "no live worker runs report",
+        "ready",
+    ] {
+        assert!(text.contains(why), "missing {why:?}");
+    }
+}
+
+#[test]
+fn drain_shows_in_footer() {
+    let mut s = Screen::new();
+    s.app.draining = true;
+    s.drain_left = Some(Duration::from_millis(3200));
+    let text = s.text(120, 32);
+    assert!(text.contains("draining: 1 running job(s) get 4s more"));
+}
+
+#[test]
+fn colours_per_state_and_no_color() {
+    let find = |term: &Terminal<TestBackend>, needle: &str| {
+        let buf = term.backend().buffer();
+        for y in 0..buf.area.height {
+            let line: String = (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect();
+            if let Some(x) = line.find(needle) {
+                // Byte offset equals column here: the fixture rows are ASCII
+                // up to the needle.
+                return buf[(x as u16, y)].fg;
+            }
+        }
+        panic!("{needle:?} not on screen");
+    };
+    let mut s = Screen::new();
+    let coloured = s.draw(120, 32);
+    assert_eq!(find(&coloured, "retry in 12s"), Color::Red);
+    assert_eq!(find(&coloured, "stale  "), Color::Red);
+    s.theme = Theme { color: false };
+    let plain = s.draw(120, 32);
+    assert_eq!(find(&plain, "retry in 12s"), Color::Reset);
+}
