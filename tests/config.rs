@@ -526,4 +526,42 @@ fn substitute_escapes_and_errors() {
         substitute(&argv(&["{arg.x}"]), Some("t"), &a).unwrap(),
         ["{target}"]
     );
+    assert_eq!(
+        substitute(&argv(&["é{target}ü{{"]), Some("ß"), &a).unwrap(),
+        ["éßü{"]
+    );
+}
+
+#[test]
+fn type_errors_speak_toml_not_rust() {
+    assert_error(
+        "workers = 3\n",
+        1,
+        &["workers: invalid type: integer `3`, expected a table"],
+    );
+    assert_error(
+        "[pipeline]\nname = \"x\"\n",
+        1,
+        &[
+            "pipeline: invalid type: table, expected an array",
+            "[[name]]",
+        ],
+    );
+    assert_error(
+        "[[pipeline]]\nname = \"p\"\nmax_attempts = 1.5\n[[pipeline.step]]\nname = \"a\"\nbuiltin = \"noop\"\n",
+        3,
+        &["max_attempts: invalid type: float `1.5`, expected an integer"],
+    );
+    assert_error(
+        "[workers]\nslots = 99999999999999999999\n",
+        2,
+        &["workers: slots: integer out of range"],
+    );
+    assert_error(
+        "[[pipeline]]\nname = \"p\"\non_stale = \"later\"\n[[pipeline.step]]\nname = \"a\"\nbuiltin = \"noop\"\n",
+        3,
+        &[
+            "pipeline \"p\": on_stale: unknown value `later`, expected one of `hold`, `release`, `retry`",
+        ],
+    );
 }

@@ -87,7 +87,7 @@ fn reword_unknown(rest: &str) -> String {
 /// serde speaks Rust ("expected i64", "unknown variant"); the reader of a
 /// config file speaks TOML.
 fn plain_words(msg: &str) -> String {
-    [
+    let mut out = [
         ("expected i64", "expected an integer"),
         ("expected i32", "expected an integer"),
         ("expected usize", "expected an integer"),
@@ -95,9 +95,27 @@ fn plain_words(msg: &str) -> String {
         ("expected a sequence", "expected an array"),
         ("expected a map", "expected a table"),
         ("unknown variant", "unknown value"),
+        ("invalid type: map", "invalid type: table"),
+        ("floating point", "float"),
+        (" as i128", ""),
     ]
     .iter()
-    .fold(msg.to_string(), |m, (from, to)| m.replace(from, to))
+    .fold(msg.to_string(), |m, (from, to)| m.replace(from, to));
+    // Our internal struct names mean nothing in a config file.
+    if let Some(i) = out.find("expected struct ") {
+        let rest = &out[i + "expected struct ".len()..];
+        let end = rest
+            .find(|c: char| !c.is_alphanumeric() && c != '_')
+            .unwrap_or(rest.len());
+        out = format!("{}expected a table{}", &out[..i], &rest[end..]);
+    }
+    if out.starts_with("invalid type: integer") && out.ends_with("expected an integer") {
+        return "integer out of range".to_string();
+    }
+    if out.contains("invalid type: table, expected an array") {
+        out.push_str(" (a list of tables is written [[name]])");
+    }
+    out
 }
 
 fn backticked(s: &str) -> Option<&str> {
