@@ -58,3 +58,23 @@ impl Catalog {
         p.steps.get(usize::try_from(step).ok()?).map(String::as_str)
     }
 }
+
+impl Catalog {
+    /// Step names and leases from this node's configuration. A worker is
+    /// alive while it has beaten within three leases, the reaper's own
+    /// threshold for calling it gone.
+    pub fn from_config(config: &crate::config::Config) -> Catalog {
+        let lease = config.workers.lease;
+        Catalog {
+            pipelines: config
+                .pipelines
+                .iter()
+                .map(|p| {
+                    let steps = p.steps.iter().map(|s| s.name.clone()).collect();
+                    (p.name.clone(), PipelineInfo { steps, lease })
+                })
+                .collect(),
+            worker_alive: lease * 3,
+        }
+    }
+}
