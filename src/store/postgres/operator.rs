@@ -70,7 +70,15 @@ impl PgStore {
         if from == State::Stale {
             release_held(&mut tx, id, &row).await?;
         }
-        log_event(&mut tx, id, Some(from), State::Cancelled, actor, "").await?;
+        log_event(
+            &mut tx,
+            id,
+            Some(from),
+            State::Cancelled,
+            actor,
+            "cancelled",
+        )
+        .await?;
         tx.commit().await?;
         Ok(CancelOutcome::Cancelled)
     }
@@ -102,7 +110,7 @@ impl PgStore {
         if from == State::Stale {
             release_held(&mut tx, id, &row).await?;
         }
-        log_event(&mut tx, id, Some(from), State::Queued, actor, "").await?;
+        log_event(&mut tx, id, Some(from), State::Queued, actor, "requeued").await?;
         let pipeline: String = row.try_get("pipeline")?;
         notify(&mut tx, JOBS_CHANNEL, &pipeline).await?;
         tx.commit().await?;
@@ -295,7 +303,8 @@ impl PgStore {
             }
             _ => {
                 sqlx::query(
-                    "UPDATE jobs SET state = $2, finished_at = now(), last_error = $3 \
+                    "UPDATE jobs SET state = $2, finished_at = now(), lease_expires_at = NULL, \
+                         last_error = $3 \
                      WHERE id = $1",
                 )
                 .bind(id)

@@ -106,7 +106,7 @@ impl PgStore {
         let sql = concat!(
             "SELECT ",
             schedule_cols!(),
-            ", next_fire_at IS NOT DISTINCT FROM $2 AS on_slot \
+            ", next_fire_at IS NOT DISTINCT FROM $2 AS on_slot, now() AS db_now \
              FROM schedules WHERE id = $1 FOR UPDATE"
         );
         let row = sqlx::query(sql)
@@ -138,7 +138,7 @@ impl PgStore {
         }
         let slot_label = match moves_to {
             Some((expected_next, _)) => slot_text(expected_next),
-            None => "now (by hand)".to_string(),
+            None => slot_text(row.try_get("db_now")?),
         };
         if !s.def.overlap_queue {
             let blocking = sqlx::query(

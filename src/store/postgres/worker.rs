@@ -21,6 +21,9 @@ pub(super) fn clean(s: &str) -> String {
 
 impl PgStore {
     pub(super) async fn enqueue_job(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+        if job.pipeline.trim().is_empty() {
+            return Err(StoreError::Invalid("a job needs a pipeline".into()));
+        }
         let max_attempts = job.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
         if max_attempts < 1 {
             return Err(StoreError::Invalid(format!(
@@ -266,7 +269,8 @@ impl PgStore {
         let error = clean(error);
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
-            "UPDATE jobs SET state = 'failed', last_error = $3, finished_at = now() \
+            "UPDATE jobs SET state = 'failed', last_error = $3, finished_at = now(), \
+                 lease_expires_at = NULL \
              WHERE id = $1 AND lease_token = $2 AND state = 'leased'",
         )
         .bind(lease.id)
@@ -484,7 +488,7 @@ impl PgStore {
             .await?;
         } else {
             sqlx::query(
-                "UPDATE jobs SET state = $2, finished_at = now(), \
+                "UPDATE jobs SET state = $2, finished_at = now(), lease_expires_at = NULL, \
                      last_error = COALESCE($3, last_error) \
                  WHERE id = $1",
             )
