@@ -96,6 +96,8 @@ CREATE TABLE schedules (
     timezone      TEXT    NOT NULL DEFAULT 'UTC',
     overlap_queue INTEGER NOT NULL DEFAULT 0,
     enabled       INTEGER NOT NULL DEFAULT 1,
+    -- The pipeline's max_attempts stamped on each fired job; NULL = default.
+    max_attempts  INTEGER,
     paused        INTEGER NOT NULL DEFAULT 0,
     next_fire_at  INTEGER,
     last_fire_at  INTEGER,

@@ -1,0 +1,293 @@
+//! The SQLite backend: one machine, many processes. WAL, synchronous=NORMAL,
+//! every writing transaction opened with `BEGIN IMMEDIATE` so that it waits
+//! for the write lock (busy_timeout) instead of failing mid-way.
+//!
+//! Times are integer milliseconds since the epoch from this machine's clock,
+//! which is the database's clock for a file every process opens locally.
+
+use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use super::{
+    Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, Enqueued, ExpireReport,
+    FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob, Outcome, Renewal, Result,
+    ScheduleDef, ScheduleInfo, StartOutcome, StartSpec, StoreError, WorkerBeat, WorkerInfo,
+    redact_url,
+};
+use crate::job::{Event, Job, State};
+
+mod operator;
+mod read;
+mod rows;
+mod schedule;
+mod worker;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// Below the supervisor's safety margin (lease/4 of the smallest sensible
+/// lease), so a write never waits past the point where the lease matters.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    url: String,
+    /// Writers of this process queue here, in order, instead of all polling
+    /// SQLite's write lock: busy_timeout retries are not fair, and under
+    /// many concurrent writers one of them would starve past the timeout.
+    writers: Arc<Mutex<()>>,
+}
+
+/// A `BEGIN IMMEDIATE` transaction, holding this process's writer slot
+/// (if it took one) until it commits or is dropped (rolled back).
+struct WriteTx {
+    tx: Transaction<'static, Sqlite>,
+    _slot: Option<OwnedMutexGuard<()>>,
+}
+
+impl WriteTx {
+    async fn commit(self) -> Result<()> {
+        Ok(self.tx.commit().await?)
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl SqliteStore {
+    pub async fn connect(url: &str) -> Result<Self> {
+        let opts = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("bad SQLite URL {url:?}: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(false);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(opts)
+            .await
+            .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
+        // The table is absent on a fresh database: no version applied.
+        let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
+            .fetch_one(&pool)
+            .await
+            .ok()
+            .flatten();
+        super::migrate::check_version(&MIGRATOR, applied)?;
+        MIGRATOR.run(&pool).await?;
+        Ok(SqliteStore {
+            pool,
+            url: url.to_string(),
+            writers: Arc::new(Mutex::new(())),
+        })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        BackendKind::Sqlite
+    }
+
+    /// A writing transaction that holds the write lock from its first
+    /// statement, so a read-then-write never fails with BUSY_SNAPSHOT.
+    async fn begin(&self) -> Result<WriteTx> {
+        let slot = self.writers.clone().lock_owned().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(WriteTx {
+            tx,
+            _slot: Some(slot),
+        })
+    }
+
+    /// Like [`Self::begin`] but without queueing behind this process's
+    /// other writers: a heartbeat must not wait for a batch of claims or
+    /// enqueues, only for the one write in progress.
+    async fn begin_urgent(&self) -> Result<WriteTx> {
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(WriteTx { tx, _slot: None })
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteStore {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Sqlite
+    }
+
+    fn display_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>> {
+        rows::to_time(rows::now_ms())
+    }
+
+    async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+        self.do_enqueue(job, actor).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
+        self.do_claim(req).await
+    }
+
+    async fn start(&self, lease: LeaseRef, spec: &StartSpec, worker: &str) -> Result<StartOutcome> {
+        self.do_start(lease, spec, worker).await
+    }
+
+    async fn unclaim(
+        &self,
+        lease: LeaseRef,
+        delay: Duration,
+        actor: &str,
+        detail: &str,
+    ) -> Result<()> {
+        self.do_unclaim(lease, delay, actor, detail).await
+    }
+
+    async fn fail_leased(&self, lease: LeaseRef, actor: &str, error: &str) -> Result<()> {
+        self.do_fail_leased(lease, actor, error).await
+    }
+
+    async fn renew(
+        &self,
+        worker: &WorkerBeat,
+        leases: &[LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<(LeaseRef, Renewal)>> {
+        self.do_renew(worker, leases, lease).await
+    }
+
+    async fn advance_step(
+        &self,
+        lease: LeaseRef,
+        step: i32,
+        checkpoints: &[(String, String)],
+    ) -> Result<()> {
+        self.do_advance_step(lease, step, checkpoints).await
+    }
+
+    async fn save_output(&self, lease: LeaseRef, tail: &str) -> Result<()> {
+        self.do_save_output(lease, tail).await
+    }
+
+    async fn finish(&self, lease: LeaseRef, outcome: Outcome, actor: &str) -> Result<State> {
+        self.do_finish(lease, outcome, actor).await
+    }
+
+    async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {
+        self.do_cancel(id, actor).await
+    }
+
+    async fn requeue(&self, id: i64, actor: &str) -> Result<()> {
+        self.do_requeue(id, actor).await
+    }
+
+    async fn extend(
+        &self,
+        id: i64,
+        by: Duration,
+        worker_alive: Duration,
+        actor: &str,
+    ) -> Result<DateTime<Utc>> {
+        self.do_extend(id, by, worker_alive, actor).await
+    }
+
+    async fn release_lock(&self, target: &str, actor: &str) -> Result<i64> {
+        self.do_release_lock(target, actor).await
+    }
+
+    async fn expire_leases(&self, grace: Duration, actor: &str) -> Result<ExpireReport> {
+        self.do_expire_leases(grace, actor).await
+    }
+
+    async fn mark_gone_workers(&self, silent_for: Duration) -> Result<Vec<String>> {
+        self.do_mark_gone_workers(silent_for).await
+    }
+
+    async fn prune_finished(&self, age: Duration) -> Result<u64> {
+        self.do_prune_finished(age).await
+    }
+
+    async fn worker_stopped(&self, id: &str) -> Result<()> {
+        self.do_worker_stopped(id).await
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerInfo>> {
+        self.do_list_workers().await
+    }
+
+    async fn get_job(&self, id: i64) -> Result<Job> {
+        self.do_get_job(id).await
+    }
+
+    async fn job_events(&self, id: i64) -> Result<Vec<Event>> {
+        self.do_job_events(id).await
+    }
+
+    async fn job_output(&self, id: i64) -> Result<Option<String>> {
+        self.do_job_output(id).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>> {
+        self.do_list_jobs(filter).await
+    }
+
+    async fn count_by_state(&self) -> Result<BTreeMap<State, i64>> {
+        self.do_count_by_state().await
+    }
+
+    async fn list_locks(&self) -> Result<Vec<LockInfo>> {
+        self.do_list_locks().await
+    }
+
+    async fn checkpoints(
+        &self,
+        pipeline: &str,
+        target: Option<&str>,
+    ) -> Result<Vec<(String, String)>> {
+        self.do_checkpoints(pipeline, target).await
+    }
+
+    async fn finished_histogram(&self, bucket: Duration, buckets: usize) -> Result<Vec<u64>> {
+        self.do_finished_histogram(bucket, buckets).await
+    }
+
+    async fn sync_schedules(&self, defs: &[(ScheduleDef, Option<DateTime<Utc>>)]) -> Result<()> {
+        self.do_sync_schedules(defs).await
+    }
+
+    async fn list_schedules(&self) -> Result<Vec<ScheduleInfo>> {
+        self.do_list_schedules().await
+    }
+
+    async fn fire_schedule(&self, id: i64, slot: FireSlot, actor: &str) -> Result<FireResult> {
+        self.do_fire_schedule(id, slot, actor).await
+    }
+
+    async fn set_schedule_paused(&self, name: &str, paused: bool) -> Result<()> {
+        self.do_set_schedule_paused(name, paused).await
+    }
+}

@@ -1,0 +1,144 @@
+//! Conversions between SQLite rows (integer milliseconds, JSON text) and the
+//! store's types, and the few statements every operation shares.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqliteConnection};
+
+use crate::job::{Job, StalePolicy, State};
+use crate::store::{Result, StoreError};
+
+/// The columns of [`job_from_row`], for `SELECT` and `RETURNING` alike.
+macro_rules! job_cols {
+    () => {
+        "id, pipeline, target, args, state, priority, due_at, attempt, max_attempts, step, \
+         lease_owner, lease_token, lease_expires_at, lock_fence, unique_key, \
+         cancel_requested_at, last_error, on_stale, schedule_id, created_at, started_at, \
+         finished_at"
+    };
+}
+pub(super) use job_cols;
+
+/// Unfinished states as an SQL list, for `state IN (…)`.
+macro_rules! unfinished_sql {
+    () => {
+        "('queued','leased','running','stale')"
+    };
+}
+pub(super) use unfinished_sql;
+
+pub(super) fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// A duration in milliseconds, saturating so that absurd inputs cannot
+/// overflow the time arithmetic done in SQL.
+pub(super) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis())
+        .unwrap_or(i64::MAX / 4)
+        .min(i64::MAX / 4)
+}
+
+pub(super) fn to_time(ms: i64) -> Result<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| StoreError::Database(format!("time {ms} ms is out of range")))
+}
+
+pub(super) fn opt_time(ms: Option<i64>) -> Result<Option<DateTime<Utc>>> {
+    ms.map(to_time).transpose()
+}
+
+pub(super) fn state(s: &str) -> Result<State> {
+    State::from_str(s).map_err(StoreError::Database)
+}
+
+pub(super) fn json_map(text: &str) -> Result<serde_json::Map<String, serde_json::Value>> {
+    serde_json::from_str(text).map_err(|e| StoreError::Database(format!("bad args JSON: {e}")))
+}
+
+pub(super) fn job_from_row(row: &SqliteRow) -> Result<Job> {
+    Ok(Job {
+        id: row.try_get("id")?,
+        pipeline: row.try_get("pipeline")?,
+        target: row.try_get("target")?,
+        args: json_map(row.try_get("args")?)?,
+        state: state(row.try_get("state")?)?,
+        priority: row.try_get("priority")?,
+        due_at: to_time(row.try_get("due_at")?)?,
+        attempt: row.try_get("attempt")?,
+        max_attempts: row.try_get("max_attempts")?,
+        step: row.try_get("step")?,
+        lease_owner: row.try_get("lease_owner")?,
+        lease_token: row.try_get("lease_token")?,
+        lease_expires_at: opt_time(row.try_get("lease_expires_at")?)?,
+        lock_fence: row.try_get("lock_fence")?,
+        unique_key: row.try_get("unique_key")?,
+        cancel_requested_at: opt_time(row.try_get("cancel_requested_at")?)?,
+        last_error: row.try_get("last_error")?,
+        on_stale: StalePolicy::from_str(row.try_get("on_stale")?).map_err(StoreError::Database)?,
+        schedule_id: row.try_get("schedule_id")?,
+        created_at: to_time(row.try_get("created_at")?)?,
+        started_at: opt_time(row.try_get("started_at")?)?,
+        finished_at: opt_time(row.try_get("finished_at")?)?,
+    })
+}
+
+/// Append one row to the job's history.
+pub(super) async fn event(
+    conn: &mut SqliteConnection,
+    job_id: i64,
+    at: i64,
+    from: Option<State>,
+    to: State,
+    actor: &str,
+    detail: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(job_id)
+    .bind(at)
+    .bind(from.map(State::as_str))
+    .bind(to.as_str())
+    .bind(actor)
+    .bind(detail)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Free `target`'s lock if `job` still holds it under `fence`; the fence
+/// stays so the next holder gets a larger one.
+pub(super) async fn release_lock_by_fence(
+    conn: &mut SqliteConnection,
+    target: Option<&str>,
+    fence: Option<i64>,
+    job: i64,
+) -> Result<()> {
+    let (Some(target), Some(fence)) = (target, fence) else {
+        return Ok(());
+    };
+    sqlx::query(
+        "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL, \
+         expires_at = NULL WHERE target = ? AND fence = ? AND holder_job = ?",
+    )
+    .bind(target)
+    .bind(fence)
+    .bind(job)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The job's state, or `NotFound`.
+pub(super) async fn job_state(conn: &mut SqliteConnection, id: i64) -> Result<State> {
+    let s: Option<String> = sqlx::query_scalar("SELECT state FROM jobs WHERE id = ?")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    state(&s.ok_or(StoreError::NotFound(id))?)
+}

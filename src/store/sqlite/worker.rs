@@ -1,0 +1,545 @@
+//! Producers and workers: enqueue, claim, start, and the writes a worker
+//! makes under its lease token.
+
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::SqliteStore;
+use super::rows::{self, event, job_cols, job_from_row, ms, now_ms, unfinished_sql};
+use crate::job::{self, Job, Move, State};
+use crate::store::{
+    ClaimRequest, Enqueued, LeaseRef, NewJob, Outcome, Renewal, Result, StartOutcome, StartSpec,
+    StoreError, WorkerBeat,
+};
+
+impl SqliteStore {
+    pub(super) async fn do_enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+        if job.pipeline.trim().is_empty() {
+            return Err(StoreError::Invalid("a job needs a pipeline".into()));
+        }
+        let max_attempts = job.max_attempts.unwrap_or(job::DEFAULT_MAX_ATTEMPTS);
+        if max_attempts < 1 {
+            return Err(StoreError::Invalid(format!(
+                "max_attempts must be at least 1 (got {max_attempts})"
+            )));
+        }
+        let args = serde_json::to_string(&job.args)
+            .map_err(|e| StoreError::Invalid(format!("args are not valid JSON: {e}")))?;
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        if let Some(key) = &job.unique_key {
+            let existing: Option<i64> = sqlx::query_scalar(concat!(
+                "SELECT id FROM jobs WHERE unique_key = ? AND state IN ",
+                unfinished_sql!()
+            ))
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = existing {
+                return Ok(Enqueued {
+                    id,
+                    deduplicated: true,
+                });
+            }
+        }
+        let due = match (job.run_at, job.delay) {
+            (Some(at), _) => at.timestamp_millis(),
+            (None, Some(delay)) => now.saturating_add(ms(delay)),
+            (None, None) => now,
+        };
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, \
+             unique_key, created_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING id",
+        )
+        .bind(&job.pipeline)
+        .bind(&job.target)
+        .bind(args)
+        .bind(job.priority)
+        .bind(due)
+        .bind(max_attempts)
+        .bind(&job.unique_key)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await?;
+        event(&mut tx, id, now, None, State::Queued, actor, "enqueued").await?;
+        tx.commit().await?;
+        Ok(Enqueued {
+            id,
+            deduplicated: false,
+        })
+    }
+
+    pub(super) async fn do_claim(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
+        if req.limit == 0 || req.pipelines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pipelines = serde_json::to_string(&req.pipelines)
+            .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
+        let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        // Candidates come from the claim index in claim order, already without
+        // blocked targets; the window then keeps the first job per target
+        // (a job without target is its own partition). The leased-sibling
+        // probe is pinned to the per-target index (its IN term lets the
+        // partial index apply): through the state index it would scan every
+        // leased job for each candidate.
+        let rows = sqlx::query(concat!(
+            "WITH cand AS (
+                SELECT id, target, priority, due_at FROM jobs
+                WHERE state = 'queued' AND due_at <= ?1
+                  AND pipeline IN (SELECT value FROM json_each(?2))
+                  AND (target IS NULL OR (
+                      NOT EXISTS (SELECT 1 FROM locks l
+                                  WHERE l.target = jobs.target AND l.holder_job IS NOT NULL)
+                      AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
+                                      WHERE o.target = jobs.target AND o.state = 'leased'
+                                        AND o.state IN ('queued','leased','running','stale'))))
+                ORDER BY priority DESC, due_at, id
+                LIMIT ?3 * 8 + 16
+            ), ranked AS (
+                SELECT id, priority, due_at, ROW_NUMBER() OVER (
+                    PARTITION BY target, CASE WHEN target IS NULL THEN id END
+                    ORDER BY priority DESC, due_at, id) AS rn
+                FROM cand
+            ), pick AS (
+                SELECT id FROM ranked WHERE rn = 1 ORDER BY priority DESC, due_at, id LIMIT ?3
+            )
+            UPDATE jobs SET state = 'leased', lease_owner = ?4, lease_token = random(),
+                lease_expires_at = ?1 + ?5
+            WHERE id IN (SELECT id FROM pick)
+            RETURNING ",
+            job_cols!()
+        ))
+        .bind(now)
+        .bind(pipelines)
+        .bind(limit)
+        .bind(&req.worker)
+        .bind(ms(req.lease))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut jobs = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        // RETURNING has no defined order.
+        jobs.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.due_at.cmp(&b.due_at))
+                .then(a.id.cmp(&b.id))
+        });
+        // One statement for the batch's events, in claim order.
+        let ids = serde_json::to_string(&jobs.iter().map(|j| j.id).collect::<Vec<_>>())
+            .map_err(|e| StoreError::Database(format!("bad id list: {e}")))?;
+        sqlx::query(
+            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+             SELECT value, ?, 'queued', 'leased', ?, '' FROM json_each(?) ORDER BY key",
+        )
+        .bind(now)
+        .bind(&req.worker)
+        .bind(ids)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    pub(super) async fn do_start(
+        &self,
+        lease: LeaseRef,
+        spec: &StartSpec,
+        worker: &str,
+    ) -> Result<StartOutcome> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let target: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT target FROM jobs WHERE id = ? AND lease_token = ? AND state = 'leased'",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(target) = target else {
+            return Err(StoreError::LeaseLost(lease.id));
+        };
+        let lease_ms = ms(spec.lease);
+        let mut fence = None;
+        if let Some(target) = &target {
+            let got: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
+                 VALUES (?1, 1, ?2, ?3, ?4, ?4 + ?5)
+                 ON CONFLICT (target) DO UPDATE SET fence = locks.fence + 1,
+                     holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
+                     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+                 WHERE locks.holder_job IS NULL
+                 RETURNING fence",
+            )
+            .bind(target)
+            .bind(lease.id)
+            .bind(worker)
+            .bind(now)
+            .bind(lease_ms)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match got {
+                Some(f) => fence = Some(f),
+                None => {
+                    let holder =
+                        sqlx::query("SELECT holder_job, holder_worker FROM locks WHERE target = ?")
+                            .bind(target)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    // Dropping the transaction rolls it back: nothing written.
+                    return Ok(StartOutcome::LockBusy {
+                        holder_job: holder.try_get("holder_job")?,
+                        holder_worker: holder.try_get("holder_worker")?,
+                    });
+                }
+            }
+        }
+        let attempt: i32 = sqlx::query_scalar(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
+                 started_at = ?1, lock_fence = ?3, on_stale = ?4, backoff_ms = ?5
+             WHERE id = ?6 AND lease_token = ?7 AND state = 'leased'
+             RETURNING attempt",
+        )
+        .bind(now)
+        .bind(lease_ms)
+        .bind(fence)
+        .bind(spec.on_stale.as_str())
+        .bind(ms(spec.backoff))
+        .bind(lease.id)
+        .bind(lease.token)
+        .fetch_one(&mut *tx)
+        .await?;
+        let detail = match fence {
+            Some(f) => format!("attempt {attempt}, fence {f}"),
+            None => format!("attempt {attempt}"),
+        };
+        event(
+            &mut tx,
+            lease.id,
+            now,
+            Some(State::Leased),
+            State::Running,
+            worker,
+            &detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(StartOutcome::Started { attempt, fence })
+    }
+
+    pub(super) async fn do_unclaim(
+        &self,
+        lease: LeaseRef,
+        delay: Duration,
+        actor: &str,
+        detail: &str,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let done = sqlx::query(
+            "UPDATE jobs SET state = 'queued', due_at = ?1 + ?2, lease_owner = NULL,
+                 lease_token = NULL, lease_expires_at = NULL
+             WHERE id = ?3 AND lease_token = ?4 AND state = 'leased'",
+        )
+        .bind(now)
+        .bind(ms(delay))
+        .bind(lease.id)
+        .bind(lease.token)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.id));
+        }
+        event(
+            &mut tx,
+            lease.id,
+            now,
+            Some(State::Leased),
+            State::Queued,
+            actor,
+            detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn do_fail_leased(
+        &self,
+        lease: LeaseRef,
+        actor: &str,
+        error: &str,
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let done = sqlx::query(
+            "UPDATE jobs SET state = 'failed', last_error = ?1, finished_at = ?2,
+                 lease_expires_at = NULL
+             WHERE id = ?3 AND lease_token = ?4 AND state = 'leased'",
+        )
+        .bind(error)
+        .bind(now)
+        .bind(lease.id)
+        .bind(lease.token)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.id));
+        }
+        event(
+            &mut tx,
+            lease.id,
+            now,
+            Some(State::Leased),
+            State::Failed,
+            actor,
+            error,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn do_renew(
+        &self,
+        worker: &WorkerBeat,
+        leases: &[LeaseRef],
+        lease: Duration,
+    ) -> Result<Vec<(LeaseRef, Renewal)>> {
+        let pipelines = serde_json::to_string(&worker.pipelines)
+            .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
+        let pairs =
+            serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
+                .map_err(|e| StoreError::Invalid(format!("bad lease list: {e}")))?;
+        let mut tx = self.begin_urgent().await?;
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO workers (id, host, pid, slots, busy, paused, pipelines, started_at,
+                 heartbeat_at, gone)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, 0)
+             ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+                 slots = excluded.slots, busy = excluded.busy, paused = excluded.paused,
+                 pipelines = excluded.pipelines, heartbeat_at = excluded.heartbeat_at, gone = 0",
+        )
+        .bind(&worker.id)
+        .bind(&worker.host)
+        .bind(worker.pid)
+        .bind(worker.slots)
+        .bind(worker.busy)
+        .bind(worker.paused)
+        .bind(pipelines)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let rows = sqlx::query(
+            "UPDATE jobs SET lease_expires_at = MAX(COALESCE(lease_expires_at, 0), ?1 + ?2)
+             WHERE state IN ('leased', 'running')
+               AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'),
+                                                json_extract(value, '$[1]')
+                                         FROM json_each(?3))
+             RETURNING id, lease_token, lease_expires_at,
+                 cancel_requested_at IS NOT NULL AS cancel_requested",
+        )
+        .bind(now)
+        .bind(ms(lease))
+        .bind(&pairs)
+        .fetch_all(&mut *tx)
+        .await?;
+        // Locks are never released by time; their expiry is only shown.
+        sqlx::query(
+            "UPDATE locks SET expires_at = (SELECT lease_expires_at FROM jobs
+                                            WHERE jobs.id = locks.holder_job)
+             WHERE holder_job IN (SELECT json_extract(value, '$[0]') FROM json_each(?))",
+        )
+        .bind(&pairs)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut held = std::collections::HashMap::new();
+        for row in &rows {
+            let id: i64 = row.try_get("id")?;
+            let token: i64 = row.try_get("lease_token")?;
+            let expires: i64 = row.try_get("lease_expires_at")?;
+            let cancel_requested: bool = row.try_get("cancel_requested")?;
+            let remaining = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
+            held.insert(
+                LeaseRef { id, token },
+                Renewal::Held {
+                    remaining,
+                    cancel_requested,
+                },
+            );
+        }
+        Ok(leases
+            .iter()
+            .map(|l| (*l, held.get(l).copied().unwrap_or(Renewal::Lost)))
+            .collect())
+    }
+
+    pub(super) async fn do_advance_step(
+        &self,
+        lease: LeaseRef,
+        step: i32,
+        checkpoints: &[(String, String)],
+    ) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        // max(): re-sending the same advance after a lost reply is harmless.
+        let row = sqlx::query(
+            "UPDATE jobs SET step = MAX(step, ?1 + 1)
+             WHERE id = ?2 AND lease_token = ?3 AND state = 'running'
+             RETURNING pipeline, COALESCE(target, '') AS target",
+        )
+        .bind(step)
+        .bind(lease.id)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::LeaseLost(lease.id));
+        };
+        let pipeline: String = row.try_get("pipeline")?;
+        let target: String = row.try_get("target")?;
+        for (key, value) in checkpoints {
+            sqlx::query(
+                "INSERT INTO checkpoints (pipeline, target, key, value, job_id, updated_at)
+                 VALUES (?, ?, ?, ?, ?, ?)
+                 ON CONFLICT (pipeline, target, key) DO UPDATE SET value = excluded.value,
+                     job_id = excluded.job_id, updated_at = excluded.updated_at",
+            )
+            .bind(&pipeline)
+            .bind(&target)
+            .bind(key)
+            .bind(value)
+            .bind(lease.id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn do_save_output(&self, lease: LeaseRef, tail: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let done = sqlx::query(
+            "INSERT INTO job_output (job_id, tail, updated_at)
+             SELECT id, ?1, ?2 FROM jobs WHERE id = ?3 AND lease_token = ?4 AND state = 'running'
+             ON CONFLICT (job_id) DO UPDATE SET tail = excluded.tail,
+                 updated_at = excluded.updated_at",
+        )
+        .bind(tail)
+        .bind(now)
+        .bind(lease.id)
+        .bind(lease.token)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.id));
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn do_finish(
+        &self,
+        lease: LeaseRef,
+        outcome: Outcome,
+        actor: &str,
+    ) -> Result<State> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let row = sqlx::query(
+            "SELECT attempt, max_attempts, cancel_requested_at IS NOT NULL AS cancel_pending,
+                 backoff_ms, target, lock_fence
+             FROM jobs WHERE id = ? AND lease_token = ? AND state = 'running'",
+        )
+        .bind(lease.id)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(StoreError::LeaseLost(lease.id));
+        };
+        let attempt: i32 = row.try_get("attempt")?;
+        let max_attempts: i32 = row.try_get("max_attempts")?;
+        let cancel_pending: bool = row.try_get("cancel_pending")?;
+        let backoff_ms: i64 = row.try_get("backoff_ms")?;
+        let target: Option<String> = row.try_get("target")?;
+        let fence: Option<i64> = row.try_get("lock_fence")?;
+        let (mv, to, error) = match outcome {
+            Outcome::Succeeded => (Move::Succeed, State::Succeeded, None),
+            Outcome::Cancelled => (Move::StopCancelled, State::Cancelled, None),
+            Outcome::Failed { error, retry: true } => (
+                Move::Fail,
+                job::after_failure(attempt, max_attempts, cancel_pending),
+                Some(error),
+            ),
+            Outcome::Failed {
+                error,
+                retry: false,
+            } => {
+                let to = if cancel_pending {
+                    State::Cancelled
+                } else {
+                    State::Failed
+                };
+                (Move::Fail, to, Some(error))
+            }
+        };
+        job::check(lease.id, State::Running, mv)?;
+        let done = if to == State::Queued {
+            let delay = job::backoff(
+                Duration::from_millis(u64::try_from(backoff_ms).unwrap_or(0)),
+                attempt,
+                rand::random::<f64>(),
+            );
+            sqlx::query(
+                "UPDATE jobs SET state = 'queued', due_at = ?1 + ?2, lease_owner = NULL,
+                     lease_token = NULL, lease_expires_at = NULL,
+                     last_error = COALESCE(?3, last_error)
+                 WHERE id = ?4 AND lease_token = ?5 AND state = 'running'",
+            )
+            .bind(now)
+            .bind(ms(delay))
+            .bind(&error)
+            .bind(lease.id)
+            .bind(lease.token)
+            .execute(&mut *tx)
+            .await?
+        } else {
+            sqlx::query(
+                "UPDATE jobs SET state = ?1, finished_at = ?2, lease_expires_at = NULL,
+                     last_error = COALESCE(?3, last_error)
+                 WHERE id = ?4 AND lease_token = ?5 AND state = 'running'",
+            )
+            .bind(to.as_str())
+            .bind(now)
+            .bind(&error)
+            .bind(lease.id)
+            .bind(lease.token)
+            .execute(&mut *tx)
+            .await?
+        };
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(lease.id));
+        }
+        rows::release_lock_by_fence(&mut tx, target.as_deref(), fence, lease.id).await?;
+        let detail = error.as_deref().unwrap_or("");
+        event(
+            &mut tx,
+            lease.id,
+            now,
+            Some(State::Running),
+            to,
+            actor,
+            detail,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(to)
+    }
+}

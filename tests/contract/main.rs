@@ -1,0 +1,16 @@
+//! The store contract: every test here runs against SQLite and, when
+//! `JOBDECK_TEST_POSTGRES` names a server, against Postgres, and both must
+//! behave identically.
+
+#[macro_use]
+#[path = "../common/mod.rs"]
+mod common;
+
+mod claims;
+mod leases;
+mod locks;
+mod operators;
+mod reads;
+mod retries;
+mod schedules;
+mod transitions;
