@@ -304,3 +304,35 @@ fn quit_keys() {
     assert_eq!(on_key(&mut app, &ch('q'), &snap, &cat), Effect::None);
     assert!(app.overlay.is_none());
 }
+
+#[test]
+fn mouse_hits_map_to_panes_rows_and_tabs() {
+    use jobdeck::console::render::{self, job_rows, tab_at};
+    use ratatui::layout::Rect;
+    let snap = fixture::snapshot();
+    let app = App::new(false);
+    let wide = render::layout(Rect::new(0, 0, 120, 32), &app, job_rows(&snap));
+    // Header (2 lines), Queued title, column header, then job 11, 12, 13.
+    assert_eq!(wide.hit(10, 6, &app), Some((Pane::Queued, Some(2))));
+    assert_eq!(wide.hit(10, 3, &app), Some((Pane::Queued, None)));
+    let locks = wide
+        .panes
+        .iter()
+        .find(|(p, _)| *p == Pane::Locks)
+        .unwrap()
+        .1;
+    assert_eq!(
+        wide.hit(locks.x + 1, locks.y + 2, &app),
+        Some((Pane::Locks, Some(0)))
+    );
+    assert_eq!(wide.hit(10, 31, &app), None, "the footer is no pane");
+
+    let narrow = render::layout(Rect::new(0, 0, 80, 24), &app, job_rows(&snap));
+    assert!(narrow.tabs.is_some());
+    assert_eq!(narrow.panes.len(), 1);
+    // "1 Queued│2 Leased│3 Running│…"
+    assert_eq!(tab_at(0), Some(Pane::Queued));
+    assert_eq!(tab_at(9), Some(Pane::Leased));
+    assert_eq!(tab_at(18), Some(Pane::Running));
+    assert_eq!(tab_at(200), None);
+}

@@ -15,11 +15,13 @@ pub mod fixture;
 pub mod fmt;
 pub mod keymap;
 pub mod render;
+mod run;
 pub mod snapshot;
 pub mod state;
 pub mod update;
 
 pub use actions::Command;
 pub use catalog::Catalog;
+pub use run::{ConsoleOptions, run};
 pub use snapshot::Snapshot;
 pub use state::{App, Pane};

@@ -152,10 +152,28 @@ pub fn draw(frame: &mut Frame, v: &View) {
     overlay::draw(frame, area, v);
 }
 
+fn tab_title(p: Pane) -> String {
+    format!("{} {}", p.number(), p.title())
+}
+
+/// The tab under column `x` of the tab bar (titles joined by a one-column
+/// divider, as drawn).
+pub fn tab_at(x: u16) -> Option<Pane> {
+    let mut start = 0u16;
+    for p in Pane::ALL {
+        let end = start + tab_title(p).chars().count() as u16;
+        if x < end {
+            return Some(p);
+        }
+        start = end + 1;
+    }
+    None
+}
+
 fn draw_tabs(frame: &mut Frame, area: Rect, v: &View) {
     let titles: Vec<Line> = Pane::ALL
         .iter()
-        .map(|p| Line::from(format!("{} {}", p.number(), p.title())))
+        .map(|p| Line::from(tab_title(*p)))
         .collect();
     let tabs = Tabs::new(titles)
         .select(v.app.focus.index())
