@@ -10,8 +10,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{BackendKind, CONNECT_TIMEOUT, Result, StoreError, redact_url};
 
@@ -51,23 +51,29 @@ impl PgStore {
         let opts = PgConnectOptions::from_str(url).map_err(|e| {
             StoreError::Invalid(format!("bad Postgres URL {shown}: {}", strip(&e, url)))
         })?;
+        // One direct attempt first: the pool would retry a refused
+        // connection until its timeout and then only say "timed out".
+        let unreachable = |why: String| StoreError::Unreachable(format!("{shown}: {why}"));
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&opts)).await {
+            Err(_) => {
+                return Err(unreachable(format!(
+                    "no answer within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )));
+            }
+            // The server's own sentence, without the driver's source line.
+            Ok(Err(sqlx::Error::Database(db))) => {
+                return Err(unreachable(strip(&db.message(), url)));
+            }
+            Ok(Err(e)) => return Err(unreachable(strip(&e, url))),
+            Ok(Ok(probe)) => {
+                let _ = probe.close().await;
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(opts)
-            .await
-            .map_err(|e| match e {
-                // The pool's own words ("pool timed out…") hide what happened.
-                sqlx::Error::PoolTimedOut => StoreError::Unreachable(format!(
-                    "{shown}: no answer within {}s",
-                    CONNECT_TIMEOUT.as_secs()
-                )),
-                // The server's own sentence, without the driver's source line.
-                sqlx::Error::Database(db) => {
-                    StoreError::Unreachable(format!("{shown}: {}", strip(&db.message(), url)))
-                }
-                e => StoreError::Unreachable(format!("{shown}: {}", strip(&e, url))),
-            })?;
+            .connect_lazy_with(opts);
         // The table is absent on a fresh database: no version applied.
         let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
             .fetch_one(&pool)
