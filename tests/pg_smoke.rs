@@ -7,9 +7,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use jobdeck::job::StalePolicy;
 use jobdeck::store::postgres::PgStore;
-use jobdeck::store::{FireResult, FireSlot, NewJob, Outcome, ScheduleDef};
+use jobdeck::store::{FireResult, FireSlot, NewJob, Notice, Outcome, ScheduleDef};
 use sqlx::postgres::PgListener;
 
 use common::*;
@@ -76,6 +77,74 @@ async fn enqueue_fire_and_cancel_notify_listeners() {
     assert_eq!(
         next_on(&mut listener, "jobdeck_cancel").await,
         lease.id.to_string()
+    );
+    drop_schema(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_stream_wakes_and_names_cancelled_jobs() {
+    let Some((s, schema)) = postgres_store_named().await else {
+        return;
+    };
+    let mut notices = s.notices().await.unwrap().expect("Postgres pushes notices");
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(5), notices.next())
+            .await
+            .expect("a notice within 5s")
+            .expect("the stream goes on")
+            .expect("no error")
+    };
+    enqueue(&s, "sync", None).await;
+    assert_eq!(next().await, Notice::JobsAvailable);
+    let (lease, _) = running_job(&s, "w-1", "harvest", None, spec(LONG, StalePolicy::Hold)).await;
+    assert_eq!(
+        next().await,
+        Notice::JobsAvailable,
+        "the enqueue inside running_job"
+    );
+    s.cancel(lease.id, OPERATOR).await.unwrap();
+    assert_eq!(next().await, Notice::CancelRequested(lease.id));
+    drop_schema(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_many_inserts_in_order_with_events() {
+    let Some((s, schema)) = postgres_store_named().await else {
+        return;
+    };
+    let jobs: Vec<NewJob> = (0..5)
+        .map(|i| NewJob {
+            priority: i,
+            max_attempts: Some(i + 1),
+            ..new_job("bench", Some(&format!("t{i}")))
+        })
+        .collect();
+    let ids = s.enqueue_many(jobs, OPERATOR).await.unwrap();
+    assert_eq!(ids.len(), 5);
+    for (i, id) in ids.iter().enumerate() {
+        let j = s.get_job(*id).await.unwrap();
+        assert_eq!(
+            (j.priority, j.max_attempts, j.target.as_deref()),
+            (i as i32, i as i32 + 1, Some(format!("t{i}").as_str()))
+        );
+        let ev = s.job_events(*id).await.unwrap();
+        assert_eq!((ev.len(), ev[0].detail.as_str()), (1, "enqueued"));
+    }
+    let bad = NewJob {
+        unique_key: Some("k".into()),
+        ..new_job("bench", None)
+    };
+    let err = s
+        .enqueue_many(vec![new_job("bench", None), bad], OPERATOR)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "job #2 of the batch has a unique key; enqueue it on its own"
+    );
+    assert_eq!(
+        s.enqueue_many(Vec::new(), OPERATOR).await.unwrap(),
+        Vec::<i64>::new()
     );
     drop_schema(&schema).await;
 }

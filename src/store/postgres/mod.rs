@@ -7,13 +7,22 @@
 //! writes of a worker), `operator` (cancel, requeue, extend, release, reaper),
 //! `reads` (console and CLI queries), `schedules`.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use super::{BackendKind, CONNECT_TIMEOUT, Result, StoreError, redact_url};
+use super::{
+    Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, Enqueued, ExpireReport,
+    FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob, NoticeStream, Outcome, Renewal,
+    Result, ScheduleDef, ScheduleInfo, StartOutcome, StartSpec, StoreError, WorkerBeat, WorkerInfo,
+    redact_url,
+};
+use crate::job::{Event, Job, State};
 
 /// The job columns every job-returning query selects, in the shape
 /// `rows::job` decodes (JSON as text: the crate has no sqlx `json` feature).
@@ -26,6 +35,8 @@ macro_rules! job_cols {
     };
 }
 
+mod enqueue;
+mod notices;
 mod operator;
 mod reads;
 mod rows;
@@ -102,8 +113,9 @@ impl PgStore {
 
     /// A listener on both wake-up channels, on its own connection (same
     /// options as the pool, so a test schema's search_path carries over).
-    /// The engine wraps it; `PgListener` reconnects by itself after a
-    /// connection loss, so callers should re-poll when `recv` errors.
+    /// `recv()` reconnects transparently, but notifications sent while the
+    /// connection was down are lost: keep the slow poll, or use `try_recv()`,
+    /// whose `Ok(None)` after a reconnect is the cue to poll at once.
     pub async fn listen(&self) -> Result<PgListener> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([JOBS_CHANNEL, CANCEL_CHANNEL]).await?;
@@ -123,18 +135,6 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-use std::collections::BTreeMap;
-
-use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-
-use super::{
-    Backend, CancelOutcome, ClaimRequest, Enqueued, ExpireReport, FireResult, FireSlot, JobFilter,
-    LeaseRef, LockInfo, NewJob, Outcome, Renewal, ScheduleDef, ScheduleInfo, StartOutcome,
-    StartSpec, WorkerBeat, WorkerInfo,
-};
-use crate::job::{Event, Job, State};
-
 #[async_trait]
 impl Backend for PgStore {
     fn kind(&self) -> BackendKind {
@@ -151,8 +151,16 @@ impl Backend for PgStore {
             .await?)
     }
 
+    async fn notices(&self) -> Result<Option<NoticeStream>> {
+        Ok(Some(notices::stream(self.listen().await?)))
+    }
+
     async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
         self.enqueue_job(job, actor).await
+    }
+
+    async fn enqueue_many(&self, jobs: Vec<NewJob>, actor: &str) -> Result<Vec<i64>> {
+        self.enqueue_jobs(jobs, actor).await
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>> {

@@ -1,4 +1,4 @@
-//! Producers' and workers' writes. Every worker write names the job by
+//! Workers' writes. Every worker write names the job by
 //! `(id, lease_token, state)`; zero rows means the lease was lost.
 
 use std::collections::HashMap;
@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::rows::{self, log_event, notify};
-use super::{JOBS_CHANNEL, PgStore, ms};
-use crate::job::{self, DEFAULT_MAX_ATTEMPTS, Job, State};
+use super::rows::{self, log_event};
+use super::{PgStore, ms};
+use crate::job::{self, Job, State};
 use crate::store::{
-    ClaimRequest, Enqueued, LeaseRef, NewJob, Outcome, Renewal, Result, StartOutcome, StartSpec,
-    StoreError, WorkerBeat,
+    ClaimRequest, LeaseRef, Outcome, Renewal, Result, StartOutcome, StartSpec, StoreError,
+    WorkerBeat,
 };
 
 /// Postgres text cannot hold NUL; process output and error text may.
@@ -20,71 +20,6 @@ pub(super) fn clean(s: &str) -> String {
 }
 
 impl PgStore {
-    pub(super) async fn enqueue_job(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
-        if job.pipeline.trim().is_empty() {
-            return Err(StoreError::Invalid("a job needs a pipeline".into()));
-        }
-        let max_attempts = job.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
-        if max_attempts < 1 {
-            return Err(StoreError::Invalid(format!(
-                "max_attempts must be at least 1 (got {max_attempts})"
-            )));
-        }
-        let args = serde_json::Value::Object(job.args).to_string();
-        let delay = ms(job.delay.unwrap_or_default());
-        let mut tx = self.pool.begin().await?;
-        // The unique index arbitrates races: a conflicting insert waits for
-        // the other transaction, then does nothing. The holder may finish
-        // between our insert and our look-up, hence the few rounds.
-        for _ in 0..5 {
-            let inserted: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, unique_key) \
-                 VALUES ($1, $2, $3::jsonb, 'queued', $4, \
-                         COALESCE($5, now() + $6 * interval '1 millisecond'), $7, $8) \
-                 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL \
-                     AND state IN ('queued','leased','running','stale') DO NOTHING \
-                 RETURNING id",
-            )
-            .bind(&job.pipeline)
-            .bind(&job.target)
-            .bind(&args)
-            .bind(job.priority)
-            .bind(job.run_at)
-            .bind(delay)
-            .bind(max_attempts)
-            .bind(&job.unique_key)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(id) = inserted {
-                log_event(&mut tx, id, None, State::Queued, actor, "enqueued").await?;
-                notify(&mut tx, JOBS_CHANNEL, &job.pipeline).await?;
-                tx.commit().await?;
-                return Ok(Enqueued {
-                    id,
-                    deduplicated: false,
-                });
-            }
-            let holder: Option<i64> = sqlx::query_scalar(
-                "SELECT id FROM jobs WHERE unique_key = $1 \
-                 AND state IN ('queued','leased','running','stale')",
-            )
-            .bind(&job.unique_key)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(id) = holder {
-                tx.commit().await?;
-                return Ok(Enqueued {
-                    id,
-                    deduplicated: true,
-                });
-            }
-        }
-        Err(StoreError::Database(format!(
-            "enqueue of unique key {:?} kept racing with other writers; try again",
-            job.unique_key.unwrap_or_default()
-        )))
-    }
-
     pub(super) async fn claim_jobs(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
         if req.limit == 0 || req.pipelines.is_empty() {
             return Ok(Vec::new());

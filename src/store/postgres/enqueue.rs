@@ -1,0 +1,151 @@
+//! Producers: one job (deduplicated by unique key) or a batch.
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Utc};
+
+use super::rows::{log_event, notify};
+use super::{JOBS_CHANNEL, PgStore, ms};
+use crate::job::{DEFAULT_MAX_ATTEMPTS, State};
+use crate::store::{Enqueued, NewJob, Result, StoreError};
+
+/// The checks both entry points share; returns the job's max_attempts.
+fn validate(job: &NewJob) -> Result<i32> {
+    if job.pipeline.trim().is_empty() {
+        return Err(StoreError::Invalid("a job needs a pipeline".into()));
+    }
+    let max_attempts = job.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    if max_attempts < 1 {
+        return Err(StoreError::Invalid(format!(
+            "max_attempts must be at least 1 (got {max_attempts})"
+        )));
+    }
+    Ok(max_attempts)
+}
+
+impl PgStore {
+    pub(super) async fn enqueue_job(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+        let max_attempts = validate(&job)?;
+        let args = serde_json::Value::Object(job.args).to_string();
+        let delay = ms(job.delay.unwrap_or_default());
+        let mut tx = self.pool.begin().await?;
+        // The unique index arbitrates races: a conflicting insert waits for
+        // the other transaction, then does nothing. The holder may finish
+        // between our insert and our look-up, hence the few rounds.
+        for _ in 0..5 {
+            let inserted: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, unique_key) \
+                 VALUES ($1, $2, $3::jsonb, 'queued', $4, \
+                         COALESCE($5, now() + $6 * interval '1 millisecond'), $7, $8) \
+                 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL \
+                     AND state IN ('queued','leased','running','stale') DO NOTHING \
+                 RETURNING id",
+            )
+            .bind(&job.pipeline)
+            .bind(&job.target)
+            .bind(&args)
+            .bind(job.priority)
+            .bind(job.run_at)
+            .bind(delay)
+            .bind(max_attempts)
+            .bind(&job.unique_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = inserted {
+                log_event(&mut tx, id, None, State::Queued, actor, "enqueued").await?;
+                notify(&mut tx, JOBS_CHANNEL, &job.pipeline).await?;
+                tx.commit().await?;
+                return Ok(Enqueued {
+                    id,
+                    deduplicated: false,
+                });
+            }
+            let holder: Option<i64> = sqlx::query_scalar(
+                "SELECT id FROM jobs WHERE unique_key = $1 \
+                 AND state IN ('queued','leased','running','stale')",
+            )
+            .bind(&job.unique_key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = holder {
+                tx.commit().await?;
+                return Ok(Enqueued {
+                    id,
+                    deduplicated: true,
+                });
+            }
+        }
+        Err(StoreError::Database(format!(
+            "enqueue of unique key {:?} kept racing with other writers; try again",
+            job.unique_key.unwrap_or_default()
+        )))
+    }
+
+    /// Many jobs in one transaction of three statements, whatever their
+    /// number (ids first, so they come back in input order).
+    pub(super) async fn enqueue_jobs(&self, jobs: Vec<NewJob>, actor: &str) -> Result<Vec<i64>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = jobs.len();
+        let mut pipelines = Vec::with_capacity(n);
+        let mut targets: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut args = Vec::with_capacity(n);
+        let mut priorities = Vec::with_capacity(n);
+        let mut run_ats: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(n);
+        let mut delays = Vec::with_capacity(n);
+        let mut max_attempts = Vec::with_capacity(n);
+        for (i, job) in jobs.into_iter().enumerate() {
+            max_attempts.push(validate(&job)?);
+            if job.unique_key.is_some() {
+                return Err(StoreError::Invalid(format!(
+                    "job #{} of the batch has a unique key; enqueue it on its own",
+                    i + 1
+                )));
+            }
+            args.push(serde_json::Value::Object(job.args).to_string());
+            pipelines.push(job.pipeline);
+            targets.push(job.target);
+            priorities.push(job.priority);
+            run_ats.push(job.run_at);
+            delays.push(ms(job.delay.unwrap_or_default()));
+        }
+        let mut tx = self.pool.begin().await?;
+        let mut ids: Vec<i64> = sqlx::query_scalar(
+            "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, $1)",
+        )
+        .bind(i64::try_from(n).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await?;
+        ids.sort_unstable();
+        sqlx::query(
+            "WITH added AS ( \
+                 INSERT INTO jobs (id, pipeline, target, args, state, priority, due_at, max_attempts) \
+                 SELECT id, pipeline, target, args::jsonb, 'queued', priority, \
+                     COALESCE(run_at, now() + delay_ms * interval '1 millisecond'), max_attempts \
+                 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::int[], \
+                             $6::timestamptz[], $7::bigint[], $8::int[]) \
+                     AS t(id, pipeline, target, args, priority, run_at, delay_ms, max_attempts) \
+                 RETURNING id \
+             ) \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT id, NULL, 'queued', $9, 'enqueued' FROM added ORDER BY id",
+        )
+        .bind(&ids)
+        .bind(&pipelines)
+        .bind(&targets)
+        .bind(&args)
+        .bind(&priorities)
+        .bind(&run_ats)
+        .bind(&delays)
+        .bind(&max_attempts)
+        .bind(actor)
+        .execute(&mut *tx)
+        .await?;
+        for pipeline in pipelines.iter().collect::<BTreeSet<_>>() {
+            notify(&mut tx, JOBS_CHANNEL, pipeline).await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+}
