@@ -48,7 +48,10 @@ pub async fn postgres_store_named() -> Option<(Store, String)> {
         SCHEMA_COUNTER.fetch_add(1, Ordering::Relaxed),
         rand::random::<u32>()
     );
-    let admin = sqlx::PgPool::connect(&base)
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&base)
         .await
         .unwrap_or_else(|e| panic!("{PG_ENV} is set but the server is unreachable: {e}"));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))

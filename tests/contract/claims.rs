@@ -161,23 +161,19 @@ contract_test!(
 contract_test!(concurrent_claimers_never_share_a_job, |store| async move {
     const JOBS: usize = 2000;
     const CLAIMERS: usize = 8;
-    let mut producers = Vec::new();
-    for p in 0..4 {
-        let store = store.clone();
-        producers.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            for i in (p..JOBS).step_by(4) {
-                // Half the jobs have a target of their own, half none.
-                let target = (i % 2 == 0).then(|| format!("t{i}"));
-                ids.push(enqueue(&store, "p", target.as_deref()).await);
-            }
-            ids
-        }));
-    }
-    let mut all = HashSet::new();
-    for p in producers {
-        all.extend(p.await.unwrap());
-    }
+    // Half the jobs have a target of their own, half none.
+    let batch = (0..JOBS)
+        .map(|i| {
+            let target = (i % 2 == 0).then(|| format!("t{i}"));
+            new_job("p", target.as_deref())
+        })
+        .collect();
+    let all: HashSet<i64> = store
+        .enqueue_many(batch, OPERATOR)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
     assert_eq!(all.len(), JOBS);
 
     let mut claimers = Vec::new();
@@ -213,4 +209,88 @@ contract_test!(concurrent_claimers_never_share_a_job, |store| async move {
         store.count_by_state().await.unwrap()[&State::Leased],
         JOBS as i64
     );
+});
+
+contract_test!(enqueue_many_is_all_or_nothing, |store| async move {
+    assert!(
+        store
+            .enqueue_many(Vec::new(), OPERATOR)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let batch = vec![
+        NewJob {
+            priority: 3,
+            ..new_job("p", Some("a"))
+        },
+        NewJob {
+            delay: Some(Duration::from_secs(600)),
+            ..new_job("q", None)
+        },
+        new_job("p", Some("b")),
+    ];
+    let ids = store.enqueue_many(batch, "producer:x").await.unwrap();
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "ids in input order: {ids:?}"
+    );
+    let jobs: Vec<_> = futures::future::join_all(ids.iter().map(|id| store.get_job(*id)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let shape: Vec<(&str, Option<&str>, i32)> = jobs
+        .iter()
+        .map(|j| (j.pipeline.as_str(), j.target.as_deref(), j.priority))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![("p", Some("a"), 3), ("q", None, 0), ("p", Some("b"), 0)]
+    );
+    let now = store.now().await.unwrap();
+    assert!(jobs[1].due_at > now + chrono::Duration::seconds(500));
+    assert!(
+        jobs.iter()
+            .all(|j| j.state == State::Queued && j.max_attempts == 3)
+    );
+    for id in &ids {
+        let ev = store.job_events(*id).await.unwrap();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(
+            (ev[0].from, ev[0].to, ev[0].actor.as_str()),
+            (None, State::Queued, "producer:x")
+        );
+    }
+
+    let bad = |job: NewJob| vec![new_job("p", None), job];
+    let keyed = NewJob {
+        unique_key: Some("k".into()),
+        ..new_job("p", None)
+    };
+    let e = store.enqueue_many(bad(keyed), OPERATOR).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "job #2 of the batch has a unique key; enqueue it on its own"
+    );
+    let zero = NewJob {
+        max_attempts: Some(0),
+        ..new_job("p", None)
+    };
+    let e = store
+        .enqueue_many(bad(zero.clone()), OPERATOR)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "max_attempts must be at least 1 (got 0)");
+    let e = store.enqueue(zero, OPERATOR).await.unwrap_err();
+    assert!(matches!(e, jobdeck::store::StoreError::Invalid(_)));
+    let e = store
+        .enqueue(new_job(" ", None), OPERATOR)
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "a job needs a pipeline");
+    // Nothing of a refused batch was written.
+    let total: i64 = store.count_by_state().await.unwrap().values().sum();
+    assert_eq!(total, 3);
 });

@@ -122,12 +122,12 @@ contract_test!(requeue_of_leased_and_cancelled_jobs, |store| async move {
 
 contract_test!(silent_workers_are_marked_gone, |store| async move {
     store.renew(&worker_beat("w-old"), &[], LONG).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     store.renew(&worker_beat("w-new"), &[], LONG).await.unwrap();
     assert!(store.mark_gone_workers(LONG).await.unwrap().is_empty());
     assert_eq!(
         store
-            .mark_gone_workers(Duration::from_millis(150))
+            .mark_gone_workers(Duration::from_millis(250))
             .await
             .unwrap(),
         vec!["w-old".to_string()]
@@ -135,7 +135,7 @@ contract_test!(silent_workers_are_marked_gone, |store| async move {
     // Already gone: not reported twice.
     assert!(
         store
-            .mark_gone_workers(Duration::from_millis(150))
+            .mark_gone_workers(Duration::from_millis(250))
             .await
             .unwrap()
             .is_empty()

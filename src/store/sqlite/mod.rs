@@ -25,6 +25,7 @@ use super::{
 };
 use crate::job::{Event, Job, State};
 
+mod enqueue;
 mod operator;
 mod read;
 mod rows;
@@ -147,6 +148,10 @@ impl Backend for SqliteStore {
 
     async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
         self.do_enqueue(job, actor).await
+    }
+
+    async fn enqueue_many(&self, jobs: Vec<NewJob>, actor: &str) -> Result<Vec<i64>> {
+        self.do_enqueue_many(jobs, actor).await
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>> {

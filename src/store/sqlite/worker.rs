@@ -1,75 +1,19 @@
-//! Producers and workers: enqueue, claim, start, and the writes a worker
-//! makes under its lease token.
+//! Workers: claim, start, and the writes a worker makes under its lease
+//! token.
 
 use std::time::Duration;
 
 use sqlx::Row;
 
 use super::SqliteStore;
-use super::rows::{self, event, job_cols, job_from_row, ms, now_ms, unfinished_sql};
+use super::rows::{self, event, job_cols, job_from_row, ms, now_ms};
 use crate::job::{self, Job, Move, State};
 use crate::store::{
-    ClaimRequest, Enqueued, LeaseRef, NewJob, Outcome, Renewal, Result, StartOutcome, StartSpec,
-    StoreError, WorkerBeat,
+    ClaimRequest, LeaseRef, Outcome, Renewal, Result, StartOutcome, StartSpec, StoreError,
+    WorkerBeat,
 };
 
 impl SqliteStore {
-    pub(super) async fn do_enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
-        if job.pipeline.trim().is_empty() {
-            return Err(StoreError::Invalid("a job needs a pipeline".into()));
-        }
-        let max_attempts = job.max_attempts.unwrap_or(job::DEFAULT_MAX_ATTEMPTS);
-        if max_attempts < 1 {
-            return Err(StoreError::Invalid(format!(
-                "max_attempts must be at least 1 (got {max_attempts})"
-            )));
-        }
-        let args = serde_json::to_string(&job.args)
-            .map_err(|e| StoreError::Invalid(format!("args are not valid JSON: {e}")))?;
-        let mut tx = self.begin().await?;
-        let now = now_ms();
-        if let Some(key) = &job.unique_key {
-            let existing: Option<i64> = sqlx::query_scalar(concat!(
-                "SELECT id FROM jobs WHERE unique_key = ? AND state IN ",
-                unfinished_sql!()
-            ))
-            .bind(key)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(id) = existing {
-                return Ok(Enqueued {
-                    id,
-                    deduplicated: true,
-                });
-            }
-        }
-        let due = match (job.run_at, job.delay) {
-            (Some(at), _) => at.timestamp_millis(),
-            (None, Some(delay)) => now.saturating_add(ms(delay)),
-            (None, None) => now,
-        };
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, \
-             unique_key, created_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?) RETURNING id",
-        )
-        .bind(&job.pipeline)
-        .bind(&job.target)
-        .bind(args)
-        .bind(job.priority)
-        .bind(due)
-        .bind(max_attempts)
-        .bind(&job.unique_key)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        event(&mut tx, id, now, None, State::Queued, actor, "enqueued").await?;
-        tx.commit().await?;
-        Ok(Enqueued {
-            id,
-            deduplicated: false,
-        })
-    }
-
     pub(super) async fn do_claim(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
         if req.limit == 0 || req.pipelines.is_empty() {
             return Ok(Vec::new());
