@@ -180,6 +180,13 @@ pub fn main(args: Vec<String>) -> i32 {
         eprintln!("jobdeck __supervise: stdin is not a control socket; run by jobdeck only");
         return 2;
     }
+    // The loop reads the socket after every wake-up, including a timeout
+    // with nothing to read: a blocking read would park the supervisor until
+    // the worker speaks again, so a frozen worker would never be fenced.
+    if let Err(e) = control.set_nonblocking(true) {
+        eprintln!("jobdeck __supervise: cannot make the control socket non-blocking: {e}");
+        return 2;
+    }
     Supervisor::new(opts, control).run()
 }
 
@@ -380,15 +387,17 @@ impl Supervisor {
                 let _ = killpg(step, Signal::SIGKILL);
                 self.kill_at = None;
             }
-            self.wait(now);
+            let readable = self.wait(now);
             self.handle_signals(step);
-            if self.control_open {
+            if readable {
                 self.read_control(step);
             }
         }
     }
 
-    fn wait(&mut self, now: u128) {
+    /// Sleeps until a signal, control input or the next timer; returns
+    /// whether the control socket can be read without blocking.
+    fn wait(&mut self, now: u128) -> bool {
         // A 1 s tick bounds how late a missed wake-up (or a clock jump
         // across a suspend, which ppoll's monotonic timeout ignores) can be.
         let mut timeout = nanos(Duration::from_secs(1));
@@ -404,9 +413,15 @@ impl Supervisor {
             fds.push(PollFd::new(self.control.as_fd(), PollFlags::POLLIN));
         }
         match ppoll(&mut fds, Some(timeout), Some(self.wait_mask)) {
-            Ok(_) | Err(Errno::EINTR) => {}
+            Ok(_) => fds.first().and_then(PollFd::revents).is_some_and(|r| {
+                r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR)
+            }),
+            Err(Errno::EINTR) => false,
             // Should not happen; avoid spinning if it does.
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
         }
     }
 
