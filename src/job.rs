@@ -298,7 +298,14 @@ pub struct Event {
 pub fn operator_actor() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
+        .ok()
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .unwrap_or_else(|| "unknown".into());
     format!("operator:{user}@{}", hostname())
 }
 

@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use jobdeck::cli::{self, Cli};
+use jobdeck::cli::{self, Cli, Command, ConsoleArgs};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -20,10 +20,11 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let config = cli::load_config(cli.config.as_deref())?;
-        match cli.command.take() {
-            Some(command) => cli::run(cli, config, command).await,
-            None => anyhow::bail!("the console is not built yet; try `jobdeck --help`"),
-        }
+        let command = cli
+            .command
+            .take()
+            .unwrap_or(Command::Console(ConsoleArgs::default()));
+        cli::run(cli, config, command).await
     });
     match result {
         Ok(code) => ExitCode::from(code as u8),

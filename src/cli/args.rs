@@ -82,6 +82,12 @@ pub enum Command {
         #[command(subcommand)]
         action: ScheduleAction,
     },
+    /// Open the live console (the default command)
+    Console(ConsoleArgs),
+    /// Open the console on a demo database with demo pipelines
+    Demo(DemoArgs),
+    /// Measure enqueue and processing throughput and pickup latency
+    Bench(super::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -183,4 +189,37 @@ fn parse_key_value(s: &str) -> Result<(String, String), String> {
 
 fn parse_state(s: &str) -> Result<State, String> {
     s.parse()
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ConsoleArgs {
+    /// Watch only: no key changes anything
+    #[arg(long)]
+    pub readonly: bool,
+    /// Do not run jobs on this node; only watch the cluster
+    #[arg(long)]
+    pub no_workers: bool,
+    /// How often the panes refresh
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub refresh: Duration,
+    /// Concurrent jobs on this node [default: [workers] slots of the config]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub slots: Option<u32>,
+}
+
+impl Default for ConsoleArgs {
+    fn default() -> Self {
+        ConsoleArgs {
+            readonly: false,
+            no_workers: false,
+            refresh: Duration::from_millis(500),
+            slots: None,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub refresh: Duration,
 }

@@ -1,7 +1,9 @@
 //! Command-line entry: resolve config and database, then run one command.
 
 mod args;
+mod bench;
 mod commands;
+mod console_cmd;
 pub mod logging;
 mod output;
 mod worker;
@@ -10,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-pub use args::{Cli, Command, parse_duration};
+pub use args::{Cli, Command, ConsoleArgs, parse_duration};
 pub use worker::data_dir;
 
 use crate::config::{self, Config};
@@ -63,16 +65,25 @@ pub async fn connect(url: &str) -> Result<Store> {
     }
 }
 
-/// Run a store command; returns the process exit code.
+/// Run one command; returns the process exit code.
 pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
-    logging::to_stderr(if matches!(command, Command::Worker(_)) {
-        "info"
-    } else {
-        "warn"
-    });
+    match command {
+        Command::Bench(a) => {
+            logging::to_stderr("warn");
+            return bench::run(cli.db, a).await;
+        }
+        Command::Demo(a) => {
+            let store = connect(&console_cmd::demo_url(cli.db.as_deref())).await?;
+            return console_cmd::demo(store, console_cmd::demo_config()?, a).await;
+        }
+        Command::Console(_) => {}
+        Command::Worker(_) => logging::to_stderr("info"),
+        _ => logging::to_stderr("warn"),
+    }
     let url = database_url(cli.db.as_deref(), &config);
     let store = connect(&url).await?;
     match command {
+        Command::Console(a) => return console_cmd::console(store, config, a).await,
         Command::Migrate => println!("database {} is up to date", store.display_url()),
         Command::Enqueue(a) => commands::enqueue(&store, &config, a).await?,
         Command::Jobs(a) => commands::jobs(&store, a).await?,
@@ -90,6 +101,7 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
         Command::Schedule { action } => commands::schedule(&store, action).await?,
         Command::Wait { ids, timeout } => return commands::wait(&store, &ids, timeout).await,
         Command::Worker(a) => return worker::run(store, config, a).await,
+        Command::Bench(_) | Command::Demo(_) => unreachable!("handled above"),
     }
     Ok(0)
 }

@@ -18,6 +18,7 @@ use crate::job::{Event, Job, StalePolicy, State};
 
 mod error;
 mod migrate;
+pub mod scratch;
 pub mod postgres;
 pub mod sqlite;
 mod url;
