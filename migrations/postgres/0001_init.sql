@@ -33,7 +33,10 @@ CREATE INDEX jobs_claim ON jobs (priority DESC, due_at, id) WHERE state = 'queue
 CREATE INDEX jobs_state ON jobs (state, id);
 CREATE INDEX jobs_target_active ON jobs (target, state) WHERE state IN ('queued','leased','running','stale');
 CREATE INDEX jobs_lease_expiry ON jobs (lease_expires_at) WHERE state IN ('leased','running');
-CREATE INDEX jobs_finished ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+-- Most recently finished first (the console's view, in list_jobs' exact
+-- order so the LIMIT stops early), and the ranges of pruning and the
+-- throughput histogram.
+CREATE INDEX jobs_finished ON jobs (finished_at DESC NULLS LAST, id DESC);
 CREATE UNIQUE INDEX jobs_unique_key ON jobs (unique_key) WHERE unique_key IS NOT NULL AND state IN ('queued','leased','running','stale');
 CREATE UNIQUE INDEX jobs_schedule_slot ON jobs (schedule_id, fire_at) WHERE schedule_id IS NOT NULL;
 CREATE INDEX jobs_schedule_active ON jobs (schedule_id) WHERE schedule_id IS NOT NULL AND state IN ('queued','leased','running','stale');
