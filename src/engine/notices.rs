@@ -37,7 +37,7 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
             };
             match next {
                 Some(Ok(Notice::JobsAvailable)) => ctx.wake.notify_one(),
-                Some(Ok(Notice::CancelRequested(id))) => ctx.registry.signal(id, JobSignal::Cancel),
+                Some(Ok(Notice::CancelRequested(id))) => confirm_cancel(&ctx, id),
                 Some(Err(e)) => {
                     tracing::warn!("notifications: {e}; reconnecting");
                     break;
@@ -47,4 +47,23 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
         }
         tokio::select! { _ = stop.cancelled() => return, _ = backoff.wait() => {} }
     }
+}
+
+/// A cancel notice is only a hint: Postgres channels span the whole
+/// database, so a job with the same id in another schema (another cluster,
+/// a parallel test) wakes us too. Stop the job only if its own row, under
+/// our lease, asks for it; the heartbeat remains the backstop.
+fn confirm_cancel(ctx: &Arc<Ctx>, id: i64) {
+    let Some(lease) = ctx.registry.leases().into_iter().find(|l| l.id == id) else {
+        return;
+    };
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        if let Ok(job) = ctx.store.get_job(id).await
+            && job.lease_token == Some(lease.token)
+            && job.cancel_requested_at.is_some()
+        {
+            ctx.registry.signal(id, JobSignal::Cancel);
+        }
+    });
 }
