@@ -259,12 +259,20 @@ contract_test!(expiry_applies_each_policy, |store| async move {
     assert_eq!(job(alive.id).await.state, State::Running);
 
     // Stale workers can write nothing; the operator resolves stale jobs.
-    assert!(
+    assert!(matches!(
         store
             .finish(hold, jobdeck::store::Outcome::Succeeded, "w-1")
-            .await
-            .is_err()
-    );
+            .await,
+        Err(jobdeck::store::StoreError::LeaseLost(_))
+    ));
+    // The quarantined target takes no new run; the released one does.
+    let next_th = enqueue(&store, "hold", Some("th")).await;
+    let next_tr = enqueue(&store, "rel", Some("tr")).await;
+    let got = store
+        .claim(&claim_req("w-3", &["hold", "rel"], 10, LONG))
+        .await
+        .unwrap();
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), vec![next_tr]);
     assert_eq!(store.release_lock("th", OPERATOR).await.unwrap(), hold.id);
     assert_eq!(store.list_locks().await.unwrap().len(), 1);
     let e = store.job_events(hold.id).await.unwrap();
@@ -276,15 +284,19 @@ contract_test!(expiry_applies_each_policy, |store| async move {
     let e = store.release_lock("th", OPERATOR).await.unwrap_err();
     assert_eq!(e.to_string(), "target th is not locked");
     // The fence survived the release.
-    let (_, fence) = running_job(
-        &store,
-        "w-3",
-        "hold",
-        Some("th"),
-        spec(LONG, StalePolicy::Hold),
-    )
-    .await;
-    assert_eq!(fence, Some(2));
+    let lease = claim_one(&store, "w-3", "hold", LONG).await;
+    assert_eq!(lease.id, next_th);
+    let out = store
+        .start(lease, &spec(LONG, StalePolicy::Hold), "w-3")
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        StartOutcome::Started {
+            attempt: 1,
+            fence: Some(2)
+        }
+    );
     // Requeue a stale job: fresh token, lock (if held) released.
     store.requeue(rel.id, OPERATOR).await.unwrap();
     let j = job(rel.id).await;
