@@ -153,14 +153,14 @@ async fn builtin(
         },
         Builtin::Fail { probability } => {
             s.tail
-                .push_line(&format!("{}: fail (p={probability})", s.step.name));
+                .push_line(format!("{}: fail (p={probability})", s.step.name));
             random_failure(*probability)
         }
         Builtin::Sleep {
             duration,
             fail_probability,
         } => {
-            s.tail.push_line(&format!(
+            s.tail.push_line(format!(
                 "{}: sleep {}",
                 s.step.name,
                 humantime::format_duration(*duration)
@@ -211,7 +211,7 @@ fn random_failure(probability: f64) -> StepEnd {
 /// exactly as the supervisor's fence would leave it.
 async fn hang(s: &StepContext<'_>, signals: &mut UnboundedReceiver<JobSignal>) -> StepEnd {
     s.tail
-        .push_line(&format!("{}: hang (lease renewal stopped)", s.step.name));
+        .push_line(format!("{}: hang (lease renewal stopped)", s.step.name));
     s.ctx.registry.stop_renewing(s.job.id);
     let lease_end = tokio::time::sleep(s.ctx.lease());
     tokio::pin!(lease_end);
