@@ -12,5 +12,8 @@ mod harness;
 mod exclusivity;
 mod scripts;
 
+mod control;
 mod crash;
 mod fencing;
+mod shutdown;
+mod steps;
