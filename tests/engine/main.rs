@@ -15,5 +15,6 @@ mod scripts;
 mod control;
 mod crash;
 mod fencing;
+mod scheduler;
 mod shutdown;
 mod steps;
