@@ -212,32 +212,43 @@ extern "C" fn on_signal(sig: nix::libc::c_int) {
     }
 }
 
-/// Blocks the handled signals and installs [`on_signal`]; returns the mask
-/// to wait with (the old one, i.e. everything deliverable during `ppoll`).
-fn install_signals() -> SigSet {
+fn handled_signals() -> SigSet {
     let mut handled = SigSet::empty();
     handled.add(Signal::SIGCHLD);
     handled.add(PARENT_DEATH);
     for sig in TERMINATE {
         handled.add(sig);
     }
-    let mut old = SigSet::empty();
-    // Errors here are impossible with valid signals; ignoring them leaves a
-    // slower but still working loop (the 1 s tick).
-    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&handled), Some(&mut old));
+    handled
+}
+
+/// Installs [`on_signal`]. A signal that arrives before [`block_signals`]
+/// only sets its flag, which the first pass of the loop sees.
+fn install_signals() {
     let action = SigAction::new(
         SigHandler::Handler(on_signal),
         SaFlags::SA_NOCLDSTOP,
         SigSet::empty(),
     );
-    for sig in handled.iter() {
+    for sig in handled_signals().iter() {
         // SAFETY: the handler only touches atomics.
         let _ = unsafe { sigaction(sig, &action) };
     }
+}
+
+/// Blocks the handled signals outside `ppoll`; returns the mask to wait
+/// with. Called only after the step is spawned: a child inherits the
+/// signal mask, and a step with SIGTERM blocked could not be stopped.
+fn block_signals() -> SigSet {
+    let handled = handled_signals();
+    let mut mask = SigSet::empty();
+    // Cannot fail with valid signals; if it did, the loop would still work,
+    // with wake-ups up to a tick late.
+    let _ = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&handled), Some(&mut mask));
     for sig in handled.iter() {
-        old.remove(sig);
+        mask.remove(sig);
     }
-    old
+    mask
 }
 
 /// Nanoseconds on CLOCK_BOOTTIME, which keeps counting while the machine
@@ -297,7 +308,7 @@ impl Supervisor {
         // Own session: job-control signals for the worker's terminal stay
         // there. Fails only if we already lead a group, which is harmless.
         let _ = setsid();
-        self.wait_mask = install_signals();
+        install_signals();
         let _ = nix::sys::prctl::set_pdeathsig(PARENT_DEATH);
         // Orphans of the step (double-forked daemons) come back to us so the
         // final sweep can kill them too.
@@ -316,6 +327,7 @@ impl Supervisor {
                 return 0;
             }
         };
+        self.wait_mask = block_signals();
         self.report(&format!("pid {step}"));
         let report = self.supervise(step);
         sweep_children();
@@ -478,12 +490,12 @@ impl Supervisor {
         } else if let Some(ms) = line
             .strip_prefix("deadline ")
             .and_then(|v| v.parse::<u64>().ok())
+            // Once fenced the group is dead: a late renewal changes nothing.
+            && self.ending != Some(Ending::Fenced)
         {
-            if self.ending != Some(Ending::Fenced) {
-                let left =
-                    nanos(Duration::from_millis(ms)).saturating_sub(nanos(self.opts.safety_margin));
-                self.deadline = boot_now() + left;
-            }
+            let left =
+                nanos(Duration::from_millis(ms)).saturating_sub(nanos(self.opts.safety_margin));
+            self.deadline = boot_now() + left;
         }
         // Anything else is ignored: a newer worker may know more words.
     }
