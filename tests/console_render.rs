@@ -100,6 +100,20 @@ fn help_overlay_is_generated_from_the_key_map() {
     assert!(text.contains("cancel the marked"));
     assert!(!ro.contains("cancel the marked"));
     assert!(ro.contains("read-only"));
+    // Rows has no key of its own, and Locks and Schedules only mutating
+    // ones: no section header may be left without keys under it.
+    for screen in [&text, &ro] {
+        let inner: Vec<&str> = screen.lines().filter_map(|l| l.split('│').nth(1)).collect();
+        for (i, line) in inner.iter().enumerate() {
+            if line.trim_end().ends_with(':') && !line.starts_with(' ') {
+                let next = inner.get(i + 1).copied().unwrap_or("");
+                assert!(
+                    next.starts_with("  ") && !next.trim_start().starts_with("mouse"),
+                    "empty help section {line:?}:\n{screen}"
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -67,8 +67,16 @@ fn help(frame: &mut Frame, area: Rect, v: &View) {
         Scope::Locks,
         Scope::Schedules,
     ] {
+        // A scope may have no key of its own, or only mutating ones that
+        // `--readonly` leaves unbound: no header without keys under it.
+        let keys: Vec<_> = keymap::active(v.app.readonly)
+            .filter(|b| b.scope == scope)
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
         lines.push(Line::styled(format!("{}:", scope.title()), t.title(false)));
-        for b in keymap::active(v.app.readonly).filter(|b| b.scope == scope) {
+        for b in keys {
             lines.push(Line::from(vec![
                 Span::styled(format!("  {:<7}", b.label), t.key()),
                 Span::raw(b.description),
