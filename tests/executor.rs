@@ -31,8 +31,20 @@ fn sh(dir: &Path, script: &str) -> StepSpec {
     spec(dir, &["sh", "-c", script])
 }
 
+/// Whether `pid` still executes (a zombie does not: it waits for a reaper
+/// that, once reparented, may be an init that never reaps).
 fn alive(pid: u32) -> bool {
     kill(Pid::from_raw(pid as i32), None) != Err(Errno::ESRCH)
+        && stat(pid).is_some_and(|s| s.0 != 'Z')
+}
+
+/// (state, parent pid) from /proc.
+fn stat(pid: u32) -> Option<(char, u32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after its ')' do not.
+    let mut fields = text.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.next()?.parse().ok()?))
 }
 
 /// Polls until the step's pid is known.
@@ -328,6 +340,41 @@ async fn dropping_every_handle_stops_the_step() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the step outlived its handle");
+}
+
+#[tokio::test]
+async fn a_dead_supervisor_fails_the_step_and_takes_its_group_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let handle = executor::spawn(spec(dir.path(), &["sleep", "30"])).unwrap();
+    let step = step_pid(&handle).await;
+    let (_, supervisor) = stat(step).expect("the step runs");
+    kill(
+        Pid::from_raw(supervisor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let end = handle.wait().await;
+    let StepEnd::Failed { error, retry: true } = end else {
+        panic!("{end:?}")
+    };
+    assert!(
+        error.starts_with("step supervisor died unexpectedly"),
+        "{error}"
+    );
+    assert!(!alive(step), "the step outlived its supervisor");
+}
+
+#[tokio::test]
+async fn descendants_that_left_the_group_are_swept_too() {
+    let dir = tempfile::tempdir().unwrap();
+    // `setsid` puts the sleep in a session (and group) of its own, out of
+    // reach of the group kill; only the supervisor's child sweep finds it.
+    let s = sh(dir.path(), "setsid sleep 1000 & echo escaped=$!; sleep 0.2");
+    let tail = s.tail.clone();
+    let end = executor::spawn(s).unwrap().wait().await;
+    assert!(matches!(end, StepEnd::Succeeded { .. }), "{end:?}");
+    let escaped = printed_pid(&tail, "escaped=").await;
+    assert!(!alive(escaped), "the escaped sleep survived");
 }
 
 #[tokio::test]
