@@ -475,7 +475,9 @@ async fn create_schema(base: &str) -> String {
         SCHEMAS.fetch_add(1, Ordering::Relaxed),
         rand::random::<u32>() & 0xff_ffff
     );
-    let admin = sqlx::PgPool::connect(base)
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(base)
         .await
         .unwrap_or_else(|e| panic!("{PG_ENV} is set but the server is unreachable: {e}"));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
