@@ -1,0 +1,135 @@
+//! Scenario 6, cancel races: operators cancel jobs at random moments, so
+//! that cancels meet jobs queued, leased, running and finishing. Each job
+//! ends in exactly one terminal state, its event history is a path the
+//! state machine allows, and a cancelled run's process is gone.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jobdeck::job::State;
+use jobdeck::store::NewJob;
+use rand::RngExt;
+
+use crate::audit::{self, LEDGER_STEP, pipeline};
+use crate::harness::{Env, alive, eventually};
+use crate::on_both_backends;
+
+const JOBS: usize = 60;
+const TARGETS: usize = 12;
+
+fn config() -> String {
+    [
+        "[workers]\nlease = \"3s\"\nkill_grace = \"500ms\"\npoll = \"50ms\"\n".to_string(),
+        pipeline("c", "", LEDGER_STEP),
+    ]
+    .concat()
+}
+
+async fn cancel_races(env: Env) {
+    let config = env.config("cancel.toml", &config());
+    let args = ["--slots", "3", "--no-scheduler"];
+    let _w = [env.worker(&config, &args), env.worker(&config, &args)];
+    let mut rng = rand::rng();
+    let jobs = (0..JOBS)
+        .map(|n| {
+            let pause = format!("0.{:02}", rng.random_range(5..90));
+            NewJob {
+                pipeline: "c".into(),
+                target: Some(format!("t{n}", n = n % TARGETS)),
+                args: [("pause".to_string(), serde_json::json!(pause))]
+                    .into_iter()
+                    .collect(),
+                ..NewJob::default()
+            }
+        })
+        .collect();
+    let ids = env
+        .store
+        .enqueue_many(jobs, "operator:test@host")
+        .await
+        .expect("enqueue");
+    // Three of four jobs get a cancel, at a random time within ~4 s.
+    let mut plan: Vec<(u64, i64)> = ids
+        .iter()
+        .filter_map(|id| (rng.random_range(0..4) != 0).then(|| (rng.random_range(0..4000), *id)))
+        .collect();
+    drop(rng);
+    plan.sort();
+    let began = tokio::time::Instant::now();
+    let mut seen_as: BTreeMap<State, usize> = BTreeMap::new();
+    let mut cancelled = Vec::new();
+    for (at, id) in &plan {
+        tokio::time::sleep_until(began + Duration::from_millis(*at)).await;
+        // What the operator saw just before (the race is the point).
+        let before = env.job(*id).await.state;
+        *seen_as.entry(before).or_default() += 1;
+        let out = env.cli(&["cancel", &id.to_string()]).await;
+        // A finished job refuses the cancel with one line; anything else
+        // must succeed.
+        if !out.ok() {
+            assert!(
+                out.stderr.contains("already finished") && out.stderr.trim().lines().count() == 1,
+                "cancel {id}: {}",
+                out.stderr
+            );
+        }
+        cancelled.push(*id);
+    }
+
+    eventually("every job to end", Duration::from_secs(60), async || {
+        let counts = env.store.count_by_state().await.ok()?;
+        let open: i64 = [State::Queued, State::Leased, State::Running, State::Stale]
+            .iter()
+            .map(|s| counts.get(s).copied().unwrap_or(0))
+            .sum();
+        (open == 0).then_some(())
+    })
+    .await;
+
+    let runs = audit::runs(&env);
+    audit::assert_exclusive(&runs);
+    let mut ended: BTreeMap<State, usize> = BTreeMap::new();
+    for id in &ids {
+        let events = audit::assert_valid_history(&env, *id).await;
+        let job = env.job(*id).await;
+        let terminal: Vec<_> = events.iter().filter(|e| e.to.is_terminal()).collect();
+        assert_eq!(
+            terminal.len(),
+            1,
+            "job {id}: one terminal event: {events:?}"
+        );
+        *ended.entry(job.state).or_default() += 1;
+        if !cancelled.contains(id) {
+            assert_eq!(job.state, State::Succeeded, "job {id} was never cancelled");
+        } else {
+            assert!(
+                [State::Succeeded, State::Cancelled].contains(&job.state),
+                "job {id} ended {}",
+                job.state
+            );
+        }
+        if job.state == State::Cancelled {
+            for run in runs.values().filter(|r| r.job == *id) {
+                assert!(
+                    !alive(run.pid),
+                    "job {id}: cancelled step {} lives",
+                    run.pid
+                );
+                assert!(run.end.is_none(), "job {id} cancelled after its step ended");
+            }
+        }
+    }
+    audit::assert_no_locks(&env).await;
+    assert!(
+        seen_as.get(&State::Queued).is_some() && seen_as.get(&State::Running).is_some(),
+        "the cancels met no queued or no running job: {seen_as:?}"
+    );
+    eprintln!(
+        "RESULT cancel_races {:?}: {JOBS} jobs, {} cancels, seen before cancel {seen_as:?}, \
+         ended {ended:?}, one terminal state each",
+        env.kind,
+        plan.len()
+    );
+}
+
+on_both_backends!(cancel_races);
