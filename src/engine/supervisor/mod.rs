@@ -427,23 +427,27 @@ fn reap_orphans(step: Pid) {
 }
 
 /// After the step's group is gone: kill and reap every process that was
-/// reparented to us (descendants that left the group), until none is left.
+/// reparented to us (descendants that left the group), until none is left,
+/// so that the report means "nothing of this step still runs". Gives up
+/// after 2 s (a process stuck in uninterruptible I/O cannot be reaped).
 fn sweep_children() {
-    for _ in 0..100 {
-        let children = children_of_self();
-        for pid in &children {
-            let _ = nix::sys::signal::kill(*pid, Signal::SIGKILL);
-        }
+    let give_up = boot_now() + nanos(Duration::from_secs(2));
+    loop {
         loop {
             match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) => continue,
-                Err(_) => return, // ECHILD: nobody left
+                Err(_) => return, // ECHILD: every child is dead and reaped
             }
         }
-        if children.is_empty() {
-            std::thread::sleep(Duration::from_millis(10));
+        if boot_now() > give_up {
+            return;
         }
+        // Killed again each pass: their own orphans keep arriving.
+        for pid in children_of_self() {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
