@@ -38,9 +38,14 @@ impl Catalog {
             .map_or(DEFAULT_LEASE, |p| p.lease)
     }
 
-    /// "2/4 verify" for 0-based `step`; "3" when the pipeline is unknown here.
+    /// "2/4 verify" for 0-based `step`; "4/4 done" once a job has passed its
+    /// last step (a succeeded job's step is the number of steps); "3" when
+    /// the pipeline is unknown here.
     pub fn step_label(&self, pipeline: &str, step: i32) -> String {
         match self.pipelines.get(pipeline) {
+            Some(p) if usize::try_from(step).is_ok_and(|i| i >= p.steps.len()) => {
+                format!("{n}/{n} done", n = p.steps.len())
+            }
             Some(p) => {
                 let name = usize::try_from(step)
                     .ok()
@@ -76,5 +81,27 @@ impl Catalog {
                 .collect(),
             worker_alive: lease * 3,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_labels() {
+        let mut c = Catalog::default();
+        c.pipelines.insert(
+            "p".into(),
+            PipelineInfo {
+                steps: vec!["sync".into(), "verify".into()],
+                lease: DEFAULT_LEASE,
+            },
+        );
+        assert_eq!(c.step_label("p", 0), "1/2 sync");
+        assert_eq!(c.step_label("p", 1), "2/2 verify");
+        // Every step done: not "3/2 ?".
+        assert_eq!(c.step_label("p", 2), "2/2 done");
+        assert_eq!(c.step_label("other", 4), "5");
     }
 }
