@@ -55,17 +55,17 @@ fn key() -> impl Strategy<Value = KeyEvent> {
 }
 
 fn size() -> impl Strategy<Value = (u16, u16)> {
-    prop_oneof![Just((1, 1)), (1u16..20, 1u16..10), (20u16..200, 10u16..60),]
+    prop_oneof![Just((1, 1)), (1u16..20, 1u16..10), (20u16..130, 10u16..45),]
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn random_keys_never_panic(
         readonly in any::<bool>(),
         detail in any::<bool>(),
-        steps in prop::collection::vec((key(), size()), 1..60),
+        steps in prop::collection::vec((key(), size()), 1..30),
     ) {
         let snap = if detail {
             fixture::with_detail(fixture::snapshot(), 7)
