@@ -140,8 +140,9 @@ impl Console {
                     Some(Err(e)) => break Err(anyhow::Error::new(e).context("terminal input failed")),
                     None => break Ok(()),
                 },
-                changed = snaps.changed() => if changed.is_err() {
-                    break Err(anyhow::anyhow!("the snapshot task ended unexpectedly"));
+                changed = snaps.changed() => match changed {
+                    Ok(()) => self.app.follow(&snap, &snaps.borrow()),
+                    Err(_) => break Err(anyhow::anyhow!("the snapshot task ended unexpectedly")),
                 },
                 Some(flash) = flashes.recv() => {
                     self.app.flash = Some(flash);

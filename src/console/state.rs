@@ -195,6 +195,24 @@ impl App {
         self.selected[pane.index()] = row;
     }
 
+    /// Keep each pane's selection on the same job, lock, worker or schedule
+    /// when a refresh inserts or removes rows above it, so that a key
+    /// pressed just after a refresh acts on the row the operator chose. A
+    /// row that is gone leaves the selection where it was.
+    pub fn follow(&mut self, old: &Snapshot, new: &Snapshot) {
+        for pane in Pane::ALL {
+            let Some(key) = self
+                .selected_row(pane, old)
+                .and_then(|row| row_key(pane, old, row))
+            else {
+                continue;
+            };
+            if let Some(row) = (0..pane.len(new)).find(|&i| row_key(pane, new, i) == Some(key)) {
+                self.selected[pane.index()] = row;
+            }
+        }
+    }
+
     /// The job the operator is pointing at: the detail view's, else the
     /// focused pane's selected row.
     pub fn selected_job<'a>(&self, snap: &'a Snapshot) -> Option<&'a Job> {
@@ -211,5 +229,60 @@ impl App {
             return self.marked.iter().copied().collect();
         }
         self.selected_job(snap).map(|j| j.id).into_iter().collect()
+    }
+}
+
+/// What names a row across refreshes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowKey<'a> {
+    Id(i64),
+    Name(&'a str),
+}
+
+fn row_key(pane: Pane, snap: &Snapshot, row: usize) -> Option<RowKey<'_>> {
+    Some(match pane {
+        Pane::Locks => RowKey::Name(&snap.locks.get(row)?.target),
+        Pane::Workers => RowKey::Name(&snap.workers.get(row)?.id),
+        Pane::Schedules => RowKey::Id(snap.schedules.get(row)?.id),
+        p => RowKey::Id(p.jobs(snap).get(row)?.id),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::console::fixture;
+
+    #[test]
+    fn selection_follows_its_row_across_refreshes() {
+        let old = fixture::snapshot();
+        let mut app = App::new(false);
+        app.focus(Pane::Locks);
+        app.select(Pane::Locks, 1);
+        app.select(Pane::Running, 1);
+        let lock = old.locks[1].target.clone();
+        let job = old.running[1].id;
+
+        // The first lock is released and the first running job finishes.
+        let mut new = old.clone();
+        new.locks.remove(0);
+        new.running.remove(0);
+        app.follow(&old, &new);
+        assert_eq!(app.selected[Pane::Locks.index()], 0);
+        assert_eq!(new.locks[0].target, lock);
+        assert_eq!(app.selected[Pane::Running.index()], 0);
+        assert_eq!(new.running[0].id, job);
+
+        // A row appears above: the selection moves down with its row.
+        let mut newer = new.clone();
+        newer.locks.insert(0, old.locks[0].clone());
+        app.follow(&new, &newer);
+        assert_eq!(newer.locks[app.selected[Pane::Locks.index()]].target, lock);
+
+        // The selected row itself goes: the position stays.
+        let mut gone = newer.clone();
+        gone.locks.retain(|l| l.target != lock);
+        app.follow(&newer, &gone);
+        assert_eq!(app.selected[Pane::Locks.index()], 1);
     }
 }
