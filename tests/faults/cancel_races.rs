@@ -49,10 +49,12 @@ async fn cancel_races(env: Env) {
         .await
         .expect("enqueue");
     // Three of four jobs get a cancel, at a random time within ~4 s.
-    let mut plan: Vec<(u64, i64)> = ids
-        .iter()
-        .filter_map(|id| (rng.random_range(0..4) != 0).then(|| (rng.random_range(0..4000), *id)))
-        .collect();
+    let mut plan: Vec<(u64, i64)> = Vec::new();
+    for id in &ids {
+        if rng.random_range(0..4) != 0 {
+            plan.push((rng.random_range(0..4000), *id));
+        }
+    }
     drop(rng);
     plan.sort();
     let began = tokio::time::Instant::now();
@@ -121,7 +123,7 @@ async fn cancel_races(env: Env) {
     }
     audit::assert_no_locks(&env).await;
     assert!(
-        seen_as.get(&State::Queued).is_some() && seen_as.get(&State::Running).is_some(),
+        seen_as.contains_key(&State::Queued) && seen_as.contains_key(&State::Running),
         "the cancels met no queued or no running job: {seen_as:?}"
     );
     eprintln!(

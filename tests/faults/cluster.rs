@@ -80,6 +80,7 @@ impl Cluster {
     }
 
     /// The URL logging in as `postgres` with `password`.
+    #[allow(dead_code)] // tests/bad_input.rs
     pub fn url_with_password(&self, password: &str) -> String {
         format!(
             "postgres://postgres:{password}@127.0.0.1:{}/postgres",
