@@ -208,6 +208,21 @@ pub async fn assert_valid_history(env: &Env, id: i64) -> Vec<Event> {
         if let Err(e) = jobdeck::job::check(id, from, mv) {
             panic!("job {id}: {e}: {b:?}");
         }
+        // Only a person requeues a finished or stale job, or cancels one
+        // no worker holds: the event names them.
+        let by_operator = matches!(
+            (from, b.to),
+            (
+                State::Stale | State::Failed | State::Cancelled,
+                State::Queued
+            ) | (State::Queued | State::Stale, State::Cancelled)
+        );
+        if by_operator {
+            assert!(
+                b.actor.starts_with("operator:"),
+                "job {id}: operator action without the operator: {b:?}"
+            );
+        }
     }
     assert_eq!(
         events.last().map(|e| e.to),
