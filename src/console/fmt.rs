@@ -28,7 +28,11 @@ pub fn ago(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
-/// Time left until `t`: "12s", or "expired" once past.
+/// The widest [`left`] answer ("expired 59m59s", "expired 457ms"): lease
+/// columns are this wide, so a cut never turns milliseconds into minutes.
+pub const LEFT_WIDTH: u16 = 14;
+
+/// Time left until `t`: "12s", or "expired 3s" once past.
 pub fn left(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     let d = t - now;
     if d <= chrono::Duration::zero() {
@@ -64,5 +68,31 @@ mod tests {
         assert_eq!(short_duration(d(90_000_000)), "1d01h");
         assert_eq!(clip("abcdef", 4), "abc…");
         assert_eq!(clip("abc", 4), "abc");
+    }
+
+    #[test]
+    fn lease_left_fits_its_column() {
+        let now = Utc::now();
+        for ms in [
+            -1,
+            -457,
+            -999,
+            -12_000,
+            -184_000,
+            -3_599_000,
+            -7_500_000,
+            -90_000_000,
+            12_000,
+        ] {
+            let text = left(now + chrono::Duration::milliseconds(ms), now);
+            assert!(
+                text.chars().count() <= LEFT_WIDTH as usize,
+                "{text:?} is wider than {LEFT_WIDTH}"
+            );
+        }
+        assert_eq!(
+            left(now - chrono::Duration::milliseconds(457), now),
+            "expired 457ms"
+        );
     }
 }

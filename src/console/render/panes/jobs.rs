@@ -6,7 +6,7 @@ use ratatui::text::Span;
 use ratatui::widgets::{Cell, Row};
 
 use super::Grid;
-use crate::console::fmt::{ago, clip, left, short_duration};
+use crate::console::fmt::{LEFT_WIDTH, ago, clip, left, short_duration};
 use crate::console::render::View;
 use crate::console::snapshot::why::{Wait, why_waiting};
 use crate::job::{Job, State};
@@ -111,7 +111,13 @@ pub fn leased<'a>(v: &View) -> Grid<'a> {
         .collect();
     Grid {
         header: &["ID", "PIPELINE", "TARGET", "OWNER", "LEASE LEFT"],
-        widths: vec![Length(7), Length(12), Length(16), Fill(1), Length(12)],
+        widths: vec![
+            Length(7),
+            Length(12),
+            Length(16),
+            Fill(1),
+            Length(LEFT_WIDTH),
+        ],
         rows,
     }
 }
@@ -172,7 +178,7 @@ pub fn running<'a>(v: &View) -> Grid<'a> {
             Fill(1),
             Length(5),
             Length(8),
-            Length(12),
+            Length(LEFT_WIDTH),
         ],
         rows,
     }
