@@ -195,21 +195,22 @@ impl App {
         self.selected[pane.index()] = row;
     }
 
-    /// Keep each pane's selection on the same job, lock, worker or schedule
-    /// when a refresh inserts or removes rows above it, so that a key
-    /// pressed just after a refresh acts on the row the operator chose. A
-    /// row that is gone leaves the selection where it was.
+    /// Keep the focused pane's selection on the same job, lock, worker or
+    /// schedule when a refresh inserts or removes rows above it, so that a
+    /// key pressed just after a refresh acts on the row the operator chose.
+    /// A row that is gone leaves the selection where it was. Other panes
+    /// keep their position: their selection is not shown, and following
+    /// it would drift a pane never looked at away from its top row.
     pub fn follow(&mut self, old: &Snapshot, new: &Snapshot) {
-        for pane in Pane::ALL {
-            let Some(key) = self
-                .selected_row(pane, old)
-                .and_then(|row| row_key(pane, old, row))
-            else {
-                continue;
-            };
-            if let Some(row) = (0..pane.len(new)).find(|&i| row_key(pane, new, i) == Some(key)) {
-                self.selected[pane.index()] = row;
-            }
+        let pane = self.focus;
+        let Some(key) = self
+            .selected_row(pane, old)
+            .and_then(|row| row_key(pane, old, row))
+        else {
+            return;
+        };
+        if let Some(row) = (0..pane.len(new)).find(|&i| row_key(pane, new, i) == Some(key)) {
+            self.selected[pane.index()] = row;
         }
     }
 
@@ -270,8 +271,17 @@ mod tests {
         app.follow(&old, &new);
         assert_eq!(app.selected[Pane::Locks.index()], 0);
         assert_eq!(new.locks[0].target, lock);
-        assert_eq!(app.selected[Pane::Running.index()], 0);
-        assert_eq!(new.running[0].id, job);
+        // Running is not focused: its selection keeps its position.
+        assert_eq!(app.selected[Pane::Running.index()], 1);
+        app.focus(Pane::Running);
+        let mut newer = new.clone();
+        let mut extra = old.running[0].clone();
+        extra.id = 999;
+        newer.running.insert(0, old.running[0].clone());
+        newer.running.insert(0, extra);
+        app.follow(&new, &newer);
+        assert_eq!(newer.running[app.selected[Pane::Running.index()]].id, job);
+        app.focus(Pane::Locks);
 
         // A row appears above: the selection moves down with its row.
         let mut newer = new.clone();
