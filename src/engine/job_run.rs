@@ -102,10 +102,17 @@ async fn run_claimed(
         let end = steps::run(step_ctx, signals).await;
         match end {
             StepEnd::Succeeded { checkpoints: new } => {
-                let (r, _) = until_settled("advance step", || {
-                    ctx.store.advance_step(lease, index as i32, &new)
-                })
-                .await;
+                // After the last step the finish is the guarded write that
+                // records success; only its checkpoints need a write first.
+                let last = index + 1 == pipeline.steps.len();
+                let (r, _) = if last && new.is_empty() {
+                    (Ok(()), false)
+                } else {
+                    until_settled("advance step", || {
+                        ctx.store.advance_step(lease, index as i32, &new)
+                    })
+                    .await
+                };
                 if let Err(e) = r {
                     log_lost(job.id, &e);
                     flusher.abort();
@@ -160,14 +167,12 @@ async fn run_claimed(
     }
     flusher.abort();
     // The last lines matter most for a failure: save them before finishing.
-    let _ = ctx.store.save_output(lease, &tail.text()).await;
-    let actor = ctx.worker_id.clone();
-    let (r, _) = until_settled("finish job", || {
-        ctx.store.finish(lease, outcome.clone(), &actor)
-    })
-    .await;
+    if tail.version() > 0 {
+        let _ = ctx.store.save_output(lease, &tail.text()).await;
+    }
+    let (r, _) = until_settled("finish job", || ctx.finishes.call((lease, outcome.clone()))).await;
     match r {
-        Ok(state) => tracing::info!("job {} {state}", job.id),
+        Ok(state) => tracing::debug!("job {} {state}", job.id),
         // After an interrupted write, "lost" may mean our own finish
         // committed; either way the job is no longer ours to touch.
         Err(e) => log_lost(job.id, &e),
@@ -189,10 +194,7 @@ async fn start(
     };
     let waiting_since = tokio::time::Instant::now();
     loop {
-        let (r, interrupted) = until_settled("start job", || {
-            ctx.store.start(lease, &spec, &ctx.worker_id)
-        })
-        .await;
+        let (r, interrupted) = until_settled("start job", || ctx.starts.call((lease, spec))).await;
         let (holder_job, holder_worker) = match r {
             Ok(StartOutcome::Started { attempt, fence }) => return Some((attempt, fence)),
             Ok(StartOutcome::LockBusy {

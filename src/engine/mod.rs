@@ -2,6 +2,7 @@
 //! and scheduler. `jobdeck worker` runs it headless; the console embeds it
 //! through [`EngineHandle`]. The engine never knows the console exists.
 
+mod batch;
 pub mod executor;
 mod heartbeat;
 mod job_run;

@@ -10,11 +10,13 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::batch::Batcher;
 use super::registry::{JobSignal, Registry};
 use super::retry::Backoff;
 use super::{Control, EngineOptions, EngineStatus, heartbeat, job_run, notices, reaper, scheduler};
 use crate::config::Config;
-use crate::store::{ClaimRequest, Store, WorkerBeat};
+use crate::job::State;
+use crate::store::{ClaimRequest, LeaseRef, Outcome, StartOutcome, StartSpec, Store, WorkerBeat};
 
 /// What every part of a running engine shares.
 #[derive(Debug)]
@@ -23,8 +25,11 @@ pub struct Ctx {
     pub config: Arc<Config>,
     pub opts: EngineOptions,
     pub worker_id: String,
-    pub registry: Registry,
+    pub registry: Arc<Registry>,
     pub wake: Arc<Notify>,
+    /// Starts and finishes of this node's slots, group-committed.
+    pub starts: Batcher<(LeaseRef, StartSpec), StartOutcome>,
+    pub finishes: Batcher<(LeaseRef, Outcome), State>,
     status: watch::Sender<EngineStatus>,
     paused: AtomicBool,
     slots: std::sync::atomic::AtomicUsize,
@@ -39,12 +44,39 @@ impl Ctx {
         slots: usize,
         status: watch::Sender<EngineStatus>,
     ) -> Self {
+        let registry = Arc::new(Registry::default());
+        let in_flight = |r: &Arc<Registry>| {
+            let r = r.clone();
+            move || r.len()
+        };
+        let starts = {
+            let (store, worker) = (store.clone(), worker_id.clone());
+            Batcher::new(
+                in_flight(&registry),
+                move |items: Arc<Vec<(LeaseRef, StartSpec)>>| {
+                    let (store, worker) = (store.clone(), worker.clone());
+                    async move { store.start_many(&items, &worker).await }
+                },
+            )
+        };
+        let finishes = {
+            let (store, worker) = (store.clone(), worker_id.clone());
+            Batcher::new(
+                in_flight(&registry),
+                move |items: Arc<Vec<(LeaseRef, Outcome)>>| {
+                    let (store, worker) = (store.clone(), worker.clone());
+                    async move { store.finish_many(&items, &worker).await }
+                },
+            )
+        };
         Ctx {
+            starts,
+            finishes,
             store,
             config,
             opts,
             worker_id,
-            registry: Registry::default(),
+            registry,
             wake: Arc::new(Notify::new()),
             status,
             paused: AtomicBool::new(false),
@@ -112,6 +144,10 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
     let mut drain_deadline: Option<tokio::time::Instant> = None;
     let mut shutdown_sent = false;
     loop {
+        // Jobs of one finish batch end together: reap all that are done so
+        // the next claim fills every free slot in one statement.
+        tokio::task::yield_now().await;
+        while jobs.try_join_next().is_some() {}
         let claiming = !ctx.paused.load(Ordering::Relaxed) && drain_deadline.is_none();
         let mut batch_full = false;
         if claiming {

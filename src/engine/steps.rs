@@ -126,17 +126,22 @@ async fn command(spec: StepSpec, signals: &mut UnboundedReceiver<JobSignal>) -> 
     let control = handle.control();
     let wait = handle.wait();
     tokio::pin!(wait);
+    let mut engine_alive = true;
     loop {
         tokio::select! {
             end = &mut wait => return end,
-            s = signals.recv() => match s {
+            s = signals.recv(), if engine_alive => match s {
                 Some(JobSignal::Deadline(left)) => control.feed_deadline(left),
                 Some(JobSignal::Cancel) => control.stop(StopReason::Cancel),
                 Some(JobSignal::LeaseLost) => control.stop(StopReason::LeaseLost),
                 Some(JobSignal::Shutdown) => control.stop(StopReason::Shutdown),
                 Some(JobSignal::Drain) => {}
-                // The engine itself is gone: stop the step like a shutdown.
-                None => control.stop(StopReason::Shutdown),
+                // The engine itself is gone: stop the step like a shutdown,
+                // then only wait for it.
+                None => {
+                    engine_alive = false;
+                    control.stop(StopReason::Shutdown);
+                }
             }
         }
     }

@@ -2,7 +2,7 @@ use crate::job::Refused;
 
 /// Store failures, each worded as one line for an operator. Database errors
 /// never carry the connection URL, so no password can leak through them.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("job {0} not found")]
     NotFound(i64),

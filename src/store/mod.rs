@@ -18,8 +18,8 @@ use crate::job::{Event, Job, StalePolicy, State};
 
 mod error;
 mod migrate;
-pub mod scratch;
 pub mod postgres;
+pub mod scratch;
 pub mod sqlite;
 mod url;
 
@@ -309,6 +309,19 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// at most one per target and none whose target is locked or leased.
     async fn claim(&self, req: &ClaimRequest) -> Result<Vec<Job>>;
     async fn start(&self, lease: LeaseRef, spec: &StartSpec, worker: &str) -> Result<StartOutcome>;
+    /// Start several jobs in one transaction (one commit): per job, the
+    /// answer `start` would give. The outer error means nothing was written.
+    async fn start_many(
+        &self,
+        items: &[(LeaseRef, StartSpec)],
+        worker: &str,
+    ) -> Result<Vec<Result<StartOutcome>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (lease, spec) in items {
+            out.push(self.start(*lease, spec, worker).await);
+        }
+        Ok(out)
+    }
     /// Give a leased (not started) job back to the queue after `delay`; not
     /// an attempt.
     async fn unclaim(
@@ -340,6 +353,20 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     async fn save_output(&self, lease: LeaseRef, tail: &str) -> Result<()>;
     /// End a running job, release its lock by fence. Returns the new state.
     async fn finish(&self, lease: LeaseRef, outcome: Outcome, actor: &str) -> Result<State>;
+
+    /// Finish several jobs in one transaction (one commit): per job, the
+    /// answer `finish` would give. The outer error means nothing was written.
+    async fn finish_many(
+        &self,
+        items: &[(LeaseRef, Outcome)],
+        actor: &str,
+    ) -> Result<Vec<Result<State>>> {
+        let mut out = Vec::with_capacity(items.len());
+        for (lease, outcome) in items {
+            out.push(self.finish(*lease, outcome.clone(), actor).await);
+        }
+        Ok(out)
+    }
 
     // ---- operators ----
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome>;

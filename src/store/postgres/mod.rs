@@ -171,6 +171,14 @@ impl Backend for PgStore {
         self.start_job(lease, spec, worker).await
     }
 
+    async fn start_many(
+        &self,
+        items: &[(LeaseRef, StartSpec)],
+        worker: &str,
+    ) -> Result<Vec<Result<StartOutcome>>> {
+        self.start_many_jobs(items, worker).await
+    }
+
     async fn unclaim(
         &self,
         lease: LeaseRef,
@@ -209,6 +217,14 @@ impl Backend for PgStore {
 
     async fn finish(&self, lease: LeaseRef, outcome: Outcome, actor: &str) -> Result<State> {
         self.finish_job(lease, outcome, actor).await
+    }
+
+    async fn finish_many(
+        &self,
+        items: &[(LeaseRef, Outcome)],
+        actor: &str,
+    ) -> Result<Vec<Result<State>>> {
+        self.finish_many_jobs(items, actor).await
     }
 
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
 
 use super::rows::{self, log_event};
 use super::{PgStore, ms};
@@ -76,89 +76,50 @@ impl PgStore {
         worker: &str,
     ) -> Result<StartOutcome> {
         let mut tx = self.pool.begin().await?;
-        let target: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT target FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'leased' \
-             FOR UPDATE",
-        )
-        .bind(lease.id)
-        .bind(lease.token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(target) = target else {
-            return Err(StoreError::LeaseLost(lease.id));
-        };
-        let lease_ms = ms(spec.lease);
-        let fence = match &target {
-            None => None,
-            Some(target) => {
-                // A row that stays held makes the WHERE false: no row back.
-                let fence: Option<i64> = sqlx::query_scalar(
-                    "INSERT INTO locks AS l (target, fence, holder_job, holder_worker, acquired_at, expires_at) \
-                     VALUES ($1, 1, $2, $3, now(), now() + $4 * interval '1 millisecond') \
-                     ON CONFLICT (target) DO UPDATE SET fence = l.fence + 1, \
-                         holder_job = EXCLUDED.holder_job, holder_worker = EXCLUDED.holder_worker, \
-                         acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
-                     WHERE l.holder_job IS NULL \
-                     RETURNING fence",
-                )
-                .bind(target)
-                .bind(lease.id)
-                .bind(worker)
-                .bind(lease_ms)
-                .fetch_optional(&mut *tx)
-                .await?;
-                if fence.is_none() {
-                    let holder = sqlx::query(
-                        "SELECT holder_job, holder_worker FROM locks WHERE target = $1",
-                    )
-                    .bind(target)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    let holder_job: Option<i64> = holder.try_get("holder_job")?;
-                    let holder_worker: Option<String> = holder.try_get("holder_worker")?;
-                    tx.rollback().await?;
-                    let holder_job = holder_job.ok_or_else(|| {
-                        StoreError::Database(format!(
-                            "the lock on {target} changed while job {} started; try again",
-                            lease.id
-                        ))
-                    })?;
-                    return Ok(StartOutcome::LockBusy {
-                        holder_job,
-                        holder_worker,
-                    });
-                }
-                fence
-            }
-        };
-        let attempt: i32 = sqlx::query_scalar(
-            "UPDATE jobs SET state = 'running', attempt = attempt + 1, \
-                 lease_expires_at = now() + $2 * interval '1 millisecond', started_at = now(), \
-                 lock_fence = $3, on_stale = $4, backoff_ms = $5 \
-             WHERE id = $1 RETURNING attempt",
-        )
-        .bind(lease.id)
-        .bind(lease_ms)
-        .bind(fence)
-        .bind(spec.on_stale.as_str())
-        .bind(ms(spec.backoff))
-        .fetch_one(&mut *tx)
-        .await?;
-        let detail = match fence {
-            Some(f) => format!("attempt {attempt}, fence {f}"),
-            None => format!("attempt {attempt}"),
-        };
-        log_event(
-            &mut tx,
-            lease.id,
-            Some(State::Leased),
-            State::Running,
-            worker,
-            &detail,
-        )
-        .await?;
+        let started = start_in(&mut tx, lease, spec, worker).await?;
         tx.commit().await?;
-        Ok(StartOutcome::Started { attempt, fence })
+        Ok(started)
+    }
+
+    /// One transaction, one commit, for a batch of starts (each all or
+    /// nothing). Lock rows are taken in target order so that two workers'
+    /// batches cannot deadlock on each other's targets.
+    pub(super) async fn start_many_jobs(
+        &self,
+        items: &[(LeaseRef, StartSpec)],
+        worker: &str,
+    ) -> Result<Vec<Result<StartOutcome>>> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        let targets = self.targets_of(items.iter().map(|(l, _)| l.id)).await?;
+        order.sort_by(|a, b| {
+            targets
+                .get(&items[*a].0.id)
+                .cmp(&targets.get(&items[*b].0.id))
+        });
+        let mut tx = self.pool.begin().await?;
+        let mut out: Vec<Option<Result<StartOutcome>>> = vec![None; items.len()];
+        for i in order {
+            let (lease, spec) = &items[i];
+            out[i] = Some(match start_in(&mut tx, *lease, spec, worker).await {
+                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
+                other => other,
+            });
+        }
+        tx.commit().await?;
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Targets of the given jobs (jobs without one are absent).
+    async fn targets_of(&self, ids: impl Iterator<Item = i64>) -> Result<HashMap<i64, String>> {
+        let ids: Vec<i64> = ids.collect();
+        let rows =
+            sqlx::query("SELECT id, target FROM jobs WHERE id = ANY($1) AND target IS NOT NULL")
+                .bind(&ids)
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("target")?)))
+            .collect()
     }
 
     pub(super) async fn unclaim_job(
@@ -370,84 +331,209 @@ impl PgStore {
         actor: &str,
     ) -> Result<State> {
         let mut tx = self.pool.begin().await?;
-        let row = sqlx::query(
-            "SELECT attempt, max_attempts, cancel_requested_at IS NOT NULL AS cancel_pending, \
-                 target, lock_fence, backoff_ms \
-             FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'running' FOR UPDATE",
-        )
-        .bind(lease.id)
-        .bind(lease.token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Err(StoreError::LeaseLost(lease.id));
-        };
-        let attempt: i32 = row.try_get("attempt")?;
-        let max_attempts: i32 = row.try_get("max_attempts")?;
-        let cancel_pending: bool = row.try_get("cancel_pending")?;
-        let target: Option<String> = row.try_get("target")?;
-        let fence: Option<i64> = row.try_get("lock_fence")?;
-        let backoff_ms: i64 = row.try_get("backoff_ms")?;
-        let (to, error) = match outcome {
-            Outcome::Succeeded => (State::Succeeded, None),
-            Outcome::Cancelled => (State::Cancelled, None),
-            Outcome::Failed { error, retry: true } => (
-                job::after_failure(attempt, max_attempts, cancel_pending),
-                Some(clean(&error)),
-            ),
-            Outcome::Failed {
-                error,
-                retry: false,
-            } => {
-                let to = if cancel_pending {
-                    State::Cancelled
-                } else {
-                    State::Failed
-                };
-                (to, Some(clean(&error)))
-            }
-        };
-        if to == State::Queued {
-            let base = Duration::from_millis(backoff_ms.max(0) as u64);
-            let delay = job::backoff(base, attempt, rand::random::<f64>());
-            sqlx::query(
-                "UPDATE jobs SET state = 'queued', due_at = now() + $2 * interval '1 millisecond', \
-                     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, \
-                     last_error = $3 \
-                 WHERE id = $1",
-            )
-            .bind(lease.id)
-            .bind(ms(delay))
-            .bind(&error)
-            .execute(&mut *tx)
-            .await?;
-        } else {
-            sqlx::query(
-                "UPDATE jobs SET state = $2, finished_at = now(), lease_expires_at = NULL, \
-                     last_error = COALESCE($3, last_error) \
-                 WHERE id = $1",
-            )
-            .bind(lease.id)
-            .bind(to.as_str())
-            .bind(&error)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if let (Some(target), Some(fence)) = (&target, fence) {
-            release_by_fence(&mut tx, target, fence, lease.id).await?;
-        }
-        log_event(
-            &mut tx,
-            lease.id,
-            Some(State::Running),
-            to,
-            actor,
-            error.as_deref().unwrap_or(""),
-        )
-        .await?;
+        let to = finish_in(&mut tx, lease, outcome, actor).await?;
         tx.commit().await?;
         Ok(to)
     }
+
+    /// One transaction, one commit, for a batch of finishes (each all or
+    /// nothing). Each job's lock row is its own: no ordering needed.
+    pub(super) async fn finish_many_jobs(
+        &self,
+        items: &[(LeaseRef, Outcome)],
+        actor: &str,
+    ) -> Result<Vec<Result<State>>> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(items.len());
+        for (lease, outcome) in items {
+            out.push(
+                match finish_in(&mut tx, *lease, outcome.clone(), actor).await {
+                    Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
+                        return Err(e);
+                    }
+                    other => other,
+                },
+            );
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+}
+
+/// Take the lock (if the job has a target), count the attempt, write
+/// `running`. Writes nothing when the answer is LockBusy or LeaseLost.
+async fn start_in(
+    tx: &mut PgConnection,
+    lease: LeaseRef,
+    spec: &StartSpec,
+    worker: &str,
+) -> Result<StartOutcome> {
+    let target: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT target FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'leased' \
+         FOR UPDATE",
+    )
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(target) = target else {
+        return Err(StoreError::LeaseLost(lease.id));
+    };
+    let lease_ms = ms(spec.lease);
+    let fence = match &target {
+        None => None,
+        Some(target) => {
+            // A row that stays held makes the WHERE false: no row back.
+            let fence: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO locks AS l (target, fence, holder_job, holder_worker, acquired_at, expires_at) \
+                 VALUES ($1, 1, $2, $3, now(), now() + $4 * interval '1 millisecond') \
+                 ON CONFLICT (target) DO UPDATE SET fence = l.fence + 1, \
+                     holder_job = EXCLUDED.holder_job, holder_worker = EXCLUDED.holder_worker, \
+                     acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
+                 WHERE l.holder_job IS NULL \
+                 RETURNING fence",
+            )
+            .bind(target)
+            .bind(lease.id)
+            .bind(worker)
+            .bind(lease_ms)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if fence.is_none() {
+                let holder =
+                    sqlx::query("SELECT holder_job, holder_worker FROM locks WHERE target = $1")
+                        .bind(target)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                let holder_job: Option<i64> = holder.try_get("holder_job")?;
+                let holder_worker: Option<String> = holder.try_get("holder_worker")?;
+                let holder_job = holder_job.ok_or_else(|| {
+                    StoreError::Database(format!(
+                        "the lock on {target} changed while job {} started; try again",
+                        lease.id
+                    ))
+                })?;
+                return Ok(StartOutcome::LockBusy {
+                    holder_job,
+                    holder_worker,
+                });
+            }
+            fence
+        }
+    };
+    let attempt: i32 = sqlx::query_scalar(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, \
+             lease_expires_at = now() + $2 * interval '1 millisecond', started_at = now(), \
+             lock_fence = $3, on_stale = $4, backoff_ms = $5 \
+         WHERE id = $1 RETURNING attempt",
+    )
+    .bind(lease.id)
+    .bind(lease_ms)
+    .bind(fence)
+    .bind(spec.on_stale.as_str())
+    .bind(ms(spec.backoff))
+    .fetch_one(&mut *tx)
+    .await?;
+    let detail = match fence {
+        Some(f) => format!("attempt {attempt}, fence {f}"),
+        None => format!("attempt {attempt}"),
+    };
+    log_event(
+        tx,
+        lease.id,
+        Some(State::Leased),
+        State::Running,
+        worker,
+        &detail,
+    )
+    .await?;
+    Ok(StartOutcome::Started { attempt, fence })
+}
+
+/// End a running job and release its lock by fence. Writes nothing when the
+/// lease is lost.
+async fn finish_in(
+    tx: &mut PgConnection,
+    lease: LeaseRef,
+    outcome: Outcome,
+    actor: &str,
+) -> Result<State> {
+    let row = sqlx::query(
+        "SELECT attempt, max_attempts, cancel_requested_at IS NOT NULL AS cancel_pending, \
+             target, lock_fence, backoff_ms \
+         FROM jobs WHERE id = $1 AND lease_token = $2 AND state = 'running' FOR UPDATE",
+    )
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Err(StoreError::LeaseLost(lease.id));
+    };
+    let attempt: i32 = row.try_get("attempt")?;
+    let max_attempts: i32 = row.try_get("max_attempts")?;
+    let cancel_pending: bool = row.try_get("cancel_pending")?;
+    let target: Option<String> = row.try_get("target")?;
+    let fence: Option<i64> = row.try_get("lock_fence")?;
+    let backoff_ms: i64 = row.try_get("backoff_ms")?;
+    let (to, error) = match outcome {
+        Outcome::Succeeded => (State::Succeeded, None),
+        Outcome::Cancelled => (State::Cancelled, None),
+        Outcome::Failed { error, retry: true } => (
+            job::after_failure(attempt, max_attempts, cancel_pending),
+            Some(clean(&error)),
+        ),
+        Outcome::Failed {
+            error,
+            retry: false,
+        } => {
+            let to = if cancel_pending {
+                State::Cancelled
+            } else {
+                State::Failed
+            };
+            (to, Some(clean(&error)))
+        }
+    };
+    if to == State::Queued {
+        let base = Duration::from_millis(backoff_ms.max(0) as u64);
+        let delay = job::backoff(base, attempt, rand::random::<f64>());
+        sqlx::query(
+            "UPDATE jobs SET state = 'queued', due_at = now() + $2 * interval '1 millisecond', \
+                 lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL, \
+                 last_error = $3 \
+             WHERE id = $1",
+        )
+        .bind(lease.id)
+        .bind(ms(delay))
+        .bind(&error)
+        .execute(&mut *tx)
+        .await?;
+    } else {
+        sqlx::query(
+            "UPDATE jobs SET state = $2, finished_at = now(), lease_expires_at = NULL, \
+                 last_error = COALESCE($3, last_error) \
+             WHERE id = $1",
+        )
+        .bind(lease.id)
+        .bind(to.as_str())
+        .bind(&error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if let (Some(target), Some(fence)) = (&target, fence) {
+        release_by_fence(tx, target, fence, lease.id).await?;
+    }
+    log_event(
+        tx,
+        lease.id,
+        Some(State::Running),
+        to,
+        actor,
+        error.as_deref().unwrap_or(""),
+    )
+    .await?;
+    Ok(to)
 }
 
 /// Free `target`'s lock if `job` still holds it under `fence`; the fence

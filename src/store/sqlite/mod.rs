@@ -162,6 +162,14 @@ impl Backend for SqliteStore {
         self.do_start(lease, spec, worker).await
     }
 
+    async fn start_many(
+        &self,
+        items: &[(LeaseRef, StartSpec)],
+        worker: &str,
+    ) -> Result<Vec<Result<StartOutcome>>> {
+        self.do_start_many(items, worker).await
+    }
+
     async fn unclaim(
         &self,
         lease: LeaseRef,
@@ -200,6 +208,14 @@ impl Backend for SqliteStore {
 
     async fn finish(&self, lease: LeaseRef, outcome: Outcome, actor: &str) -> Result<State> {
         self.do_finish(lease, outcome, actor).await
+    }
+
+    async fn finish_many(
+        &self,
+        items: &[(LeaseRef, Outcome)],
+        actor: &str,
+    ) -> Result<Vec<Result<State>>> {
+        self.do_finish_many(items, actor).await
     }
 
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {

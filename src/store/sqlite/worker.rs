@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use sqlx::Row;
 
+use sqlx::SqliteConnection;
+
 use super::SqliteStore;
 use super::rows::{self, event, job_cols, job_from_row, ms, now_ms};
 use crate::job::{self, Job, Move, State};
@@ -94,83 +96,30 @@ impl SqliteStore {
         worker: &str,
     ) -> Result<StartOutcome> {
         let mut tx = self.begin().await?;
-        let now = now_ms();
-        let target: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT target FROM jobs WHERE id = ? AND lease_token = ? AND state = 'leased'",
-        )
-        .bind(lease.id)
-        .bind(lease.token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(target) = target else {
-            return Err(StoreError::LeaseLost(lease.id));
-        };
-        let lease_ms = ms(spec.lease);
-        let mut fence = None;
-        if let Some(target) = &target {
-            let got: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
-                 VALUES (?1, 1, ?2, ?3, ?4, ?4 + ?5)
-                 ON CONFLICT (target) DO UPDATE SET fence = locks.fence + 1,
-                     holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
-                     acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
-                 WHERE locks.holder_job IS NULL
-                 RETURNING fence",
-            )
-            .bind(target)
-            .bind(lease.id)
-            .bind(worker)
-            .bind(now)
-            .bind(lease_ms)
-            .fetch_optional(&mut *tx)
-            .await?;
-            match got {
-                Some(f) => fence = Some(f),
-                None => {
-                    let holder =
-                        sqlx::query("SELECT holder_job, holder_worker FROM locks WHERE target = ?")
-                            .bind(target)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                    // Dropping the transaction rolls it back: nothing written.
-                    return Ok(StartOutcome::LockBusy {
-                        holder_job: holder.try_get("holder_job")?,
-                        holder_worker: holder.try_get("holder_worker")?,
-                    });
-                }
-            }
-        }
-        let attempt: i32 = sqlx::query_scalar(
-            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
-                 started_at = ?1, lock_fence = ?3, on_stale = ?4, backoff_ms = ?5
-             WHERE id = ?6 AND lease_token = ?7 AND state = 'leased'
-             RETURNING attempt",
-        )
-        .bind(now)
-        .bind(lease_ms)
-        .bind(fence)
-        .bind(spec.on_stale.as_str())
-        .bind(ms(spec.backoff))
-        .bind(lease.id)
-        .bind(lease.token)
-        .fetch_one(&mut *tx)
-        .await?;
-        let detail = match fence {
-            Some(f) => format!("attempt {attempt}, fence {f}"),
-            None => format!("attempt {attempt}"),
-        };
-        event(
-            &mut tx,
-            lease.id,
-            now,
-            Some(State::Leased),
-            State::Running,
-            worker,
-            &detail,
-        )
-        .await?;
+        let started = start_in(&mut tx, now_ms(), lease, spec, worker).await?;
         tx.commit().await?;
-        Ok(StartOutcome::Started { attempt, fence })
+        Ok(started)
+    }
+
+    /// One transaction, one commit, for a batch of starts. Each start
+    /// writes all or nothing, so one job's lost lease or busy lock leaves
+    /// the others' answers intact.
+    pub(super) async fn do_start_many(
+        &self,
+        items: &[(LeaseRef, StartSpec)],
+        worker: &str,
+    ) -> Result<Vec<Result<StartOutcome>>> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let mut out = Vec::with_capacity(items.len());
+        for (lease, spec) in items {
+            out.push(match start_in(&mut tx, now, *lease, spec, worker).await {
+                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
+                other => other,
+            });
+        }
+        tx.commit().await?;
+        Ok(out)
     }
 
     pub(super) async fn do_unclaim(
@@ -395,95 +344,208 @@ impl SqliteStore {
         actor: &str,
     ) -> Result<State> {
         let mut tx = self.begin().await?;
-        let now = now_ms();
-        let row = sqlx::query(
-            "SELECT attempt, max_attempts, cancel_requested_at IS NOT NULL AS cancel_pending,
-                 backoff_ms, target, lock_fence
-             FROM jobs WHERE id = ? AND lease_token = ? AND state = 'running'",
-        )
-        .bind(lease.id)
-        .bind(lease.token)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            return Err(StoreError::LeaseLost(lease.id));
-        };
-        let attempt: i32 = row.try_get("attempt")?;
-        let max_attempts: i32 = row.try_get("max_attempts")?;
-        let cancel_pending: bool = row.try_get("cancel_pending")?;
-        let backoff_ms: i64 = row.try_get("backoff_ms")?;
-        let target: Option<String> = row.try_get("target")?;
-        let fence: Option<i64> = row.try_get("lock_fence")?;
-        let (mv, to, error) = match outcome {
-            Outcome::Succeeded => (Move::Succeed, State::Succeeded, None),
-            Outcome::Cancelled => (Move::StopCancelled, State::Cancelled, None),
-            Outcome::Failed { error, retry: true } => (
-                Move::Fail,
-                job::after_failure(attempt, max_attempts, cancel_pending),
-                Some(error),
-            ),
-            Outcome::Failed {
-                error,
-                retry: false,
-            } => {
-                let to = if cancel_pending {
-                    State::Cancelled
-                } else {
-                    State::Failed
-                };
-                (Move::Fail, to, Some(error))
-            }
-        };
-        job::check(lease.id, State::Running, mv)?;
-        let done = if to == State::Queued {
-            let delay = job::backoff(
-                Duration::from_millis(u64::try_from(backoff_ms).unwrap_or(0)),
-                attempt,
-                rand::random::<f64>(),
-            );
-            sqlx::query(
-                "UPDATE jobs SET state = 'queued', due_at = ?1 + ?2, lease_owner = NULL,
-                     lease_token = NULL, lease_expires_at = NULL,
-                     last_error = COALESCE(?3, last_error)
-                 WHERE id = ?4 AND lease_token = ?5 AND state = 'running'",
-            )
-            .bind(now)
-            .bind(ms(delay))
-            .bind(&error)
-            .bind(lease.id)
-            .bind(lease.token)
-            .execute(&mut *tx)
-            .await?
-        } else {
-            sqlx::query(
-                "UPDATE jobs SET state = ?1, finished_at = ?2, lease_expires_at = NULL,
-                     last_error = COALESCE(?3, last_error)
-                 WHERE id = ?4 AND lease_token = ?5 AND state = 'running'",
-            )
-            .bind(to.as_str())
-            .bind(now)
-            .bind(&error)
-            .bind(lease.id)
-            .bind(lease.token)
-            .execute(&mut *tx)
-            .await?
-        };
-        if done.rows_affected() == 0 {
-            return Err(StoreError::LeaseLost(lease.id));
-        }
-        rows::release_lock_by_fence(&mut tx, target.as_deref(), fence, lease.id).await?;
-        let detail = error.as_deref().unwrap_or("");
-        event(
-            &mut tx,
-            lease.id,
-            now,
-            Some(State::Running),
-            to,
-            actor,
-            detail,
-        )
-        .await?;
+        let to = finish_in(&mut tx, now_ms(), lease, outcome, actor).await?;
         tx.commit().await?;
         Ok(to)
     }
+
+    /// One transaction, one commit, for a batch of finishes (each all or
+    /// nothing, as in [`Self::do_start_many`]).
+    pub(super) async fn do_finish_many(
+        &self,
+        items: &[(LeaseRef, Outcome)],
+        actor: &str,
+    ) -> Result<Vec<Result<State>>> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let mut out = Vec::with_capacity(items.len());
+        for (lease, outcome) in items {
+            out.push(
+                match finish_in(&mut tx, now, *lease, outcome.clone(), actor).await {
+                    Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
+                        return Err(e);
+                    }
+                    other => other,
+                },
+            );
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+}
+
+/// Take the lock (if the job has a target), count the attempt, write
+/// `running`. Writes nothing when the answer is LockBusy or LeaseLost.
+async fn start_in(
+    tx: &mut SqliteConnection,
+    now: i64,
+    lease: LeaseRef,
+    spec: &StartSpec,
+    worker: &str,
+) -> Result<StartOutcome> {
+    let target: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT target FROM jobs WHERE id = ? AND lease_token = ? AND state = 'leased'",
+    )
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(target) = target else {
+        return Err(StoreError::LeaseLost(lease.id));
+    };
+    let lease_ms = ms(spec.lease);
+    let mut fence = None;
+    if let Some(target) = &target {
+        let got: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
+             VALUES (?1, 1, ?2, ?3, ?4, ?4 + ?5)
+             ON CONFLICT (target) DO UPDATE SET fence = locks.fence + 1,
+                 holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
+                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+             WHERE locks.holder_job IS NULL
+             RETURNING fence",
+        )
+        .bind(target)
+        .bind(lease.id)
+        .bind(worker)
+        .bind(now)
+        .bind(lease_ms)
+        .fetch_optional(&mut *tx)
+        .await?;
+        match got {
+            Some(f) => fence = Some(f),
+            None => {
+                let holder =
+                    sqlx::query("SELECT holder_job, holder_worker FROM locks WHERE target = ?")
+                        .bind(target)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                // Dropping the transaction rolls it back: nothing written.
+                return Ok(StartOutcome::LockBusy {
+                    holder_job: holder.try_get("holder_job")?,
+                    holder_worker: holder.try_get("holder_worker")?,
+                });
+            }
+        }
+    }
+    let attempt: i32 = sqlx::query_scalar(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
+             started_at = ?1, lock_fence = ?3, on_stale = ?4, backoff_ms = ?5
+         WHERE id = ?6 AND lease_token = ?7 AND state = 'leased'
+         RETURNING attempt",
+    )
+    .bind(now)
+    .bind(lease_ms)
+    .bind(fence)
+    .bind(spec.on_stale.as_str())
+    .bind(ms(spec.backoff))
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_one(&mut *tx)
+    .await?;
+    let detail = match fence {
+        Some(f) => format!("attempt {attempt}, fence {f}"),
+        None => format!("attempt {attempt}"),
+    };
+    event(
+        tx,
+        lease.id,
+        now,
+        Some(State::Leased),
+        State::Running,
+        worker,
+        &detail,
+    )
+    .await?;
+    Ok(StartOutcome::Started { attempt, fence })
+}
+
+/// End a running job and release its lock by fence. Writes nothing when the
+/// lease is lost.
+async fn finish_in(
+    tx: &mut SqliteConnection,
+    now: i64,
+    lease: LeaseRef,
+    outcome: Outcome,
+    actor: &str,
+) -> Result<State> {
+    let row = sqlx::query(
+        "SELECT attempt, max_attempts, cancel_requested_at IS NOT NULL AS cancel_pending,
+             backoff_ms, target, lock_fence
+         FROM jobs WHERE id = ? AND lease_token = ? AND state = 'running'",
+    )
+    .bind(lease.id)
+    .bind(lease.token)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Err(StoreError::LeaseLost(lease.id));
+    };
+    let attempt: i32 = row.try_get("attempt")?;
+    let max_attempts: i32 = row.try_get("max_attempts")?;
+    let cancel_pending: bool = row.try_get("cancel_pending")?;
+    let backoff_ms: i64 = row.try_get("backoff_ms")?;
+    let target: Option<String> = row.try_get("target")?;
+    let fence: Option<i64> = row.try_get("lock_fence")?;
+    let (mv, to, error) = match outcome {
+        Outcome::Succeeded => (Move::Succeed, State::Succeeded, None),
+        Outcome::Cancelled => (Move::StopCancelled, State::Cancelled, None),
+        Outcome::Failed { error, retry: true } => (
+            Move::Fail,
+            job::after_failure(attempt, max_attempts, cancel_pending),
+            Some(error),
+        ),
+        Outcome::Failed {
+            error,
+            retry: false,
+        } => {
+            let to = if cancel_pending {
+                State::Cancelled
+            } else {
+                State::Failed
+            };
+            (Move::Fail, to, Some(error))
+        }
+    };
+    job::check(lease.id, State::Running, mv)?;
+    let done = if to == State::Queued {
+        let delay = job::backoff(
+            Duration::from_millis(u64::try_from(backoff_ms).unwrap_or(0)),
+            attempt,
+            rand::random::<f64>(),
+        );
+        sqlx::query(
+            "UPDATE jobs SET state = 'queued', due_at = ?1 + ?2, lease_owner = NULL,
+                 lease_token = NULL, lease_expires_at = NULL,
+                 last_error = COALESCE(?3, last_error)
+             WHERE id = ?4 AND lease_token = ?5 AND state = 'running'",
+        )
+        .bind(now)
+        .bind(ms(delay))
+        .bind(&error)
+        .bind(lease.id)
+        .bind(lease.token)
+        .execute(&mut *tx)
+        .await?
+    } else {
+        sqlx::query(
+            "UPDATE jobs SET state = ?1, finished_at = ?2, lease_expires_at = NULL,
+                 last_error = COALESCE(?3, last_error)
+             WHERE id = ?4 AND lease_token = ?5 AND state = 'running'",
+        )
+        .bind(to.as_str())
+        .bind(now)
+        .bind(&error)
+        .bind(lease.id)
+        .bind(lease.token)
+        .execute(&mut *tx)
+        .await?
+    };
+    if done.rows_affected() == 0 {
+        return Err(StoreError::LeaseLost(lease.id));
+    }
+    rows::release_lock_by_fence(tx, target.as_deref(), fence, lease.id).await?;
+    let detail = error.as_deref().unwrap_or("");
+    event(tx, lease.id, now, Some(State::Running), to, actor, detail).await?;
+    Ok(to)
 }
