@@ -282,10 +282,22 @@ async fn show_output(env: &Env, id: i64) -> String {
 async fn steps_meet_bad_input(env: Env) {
     let config = env.config("steps.toml", STEPS);
     let worker = env.worker(&config, &["--slots", "2", "--no-scheduler"]);
-    let missing = env.enqueue("missing", None, &[]).await;
+    // One attempt: the store does not stamp the pipeline's max_attempts.
+    let job = jobdeck::store::NewJob {
+        pipeline: "missing".into(),
+        max_attempts: Some(1),
+        ..Default::default()
+    };
+    let missing = env
+        .store
+        .enqueue(job, "operator:test@host")
+        .await
+        .expect("enqueue")
+        .id;
     let job = env
         .wait_state(missing, State::Failed, Duration::from_secs(20))
         .await;
+    assert_eq!(job.attempt, 1);
     let error = job.last_error.unwrap_or_default();
     assert!(
         error.contains("/nonexistent/jobdeck-no-such-binary") && error.lines().count() == 1,

@@ -28,7 +28,7 @@ const DOWN_FOR: Duration = Duration::from_secs(3);
 fn config() -> String {
     [
         "[workers]\nlease = \"20s\"\nkill_grace = \"1s\"\npoll = \"100ms\"\n".to_string(),
-        pipeline("restart", "max_attempts = 1", LEDGER_STEP),
+        pipeline("restart", "", LEDGER_STEP),
     ]
     .concat()
 }
@@ -122,6 +122,7 @@ async fn db_restart(env: Env) {
     let jobs = (0..JOBS)
         .map(|n| NewJob {
             pipeline: "restart".into(),
+            max_attempts: Some(1),
             target: Some(format!("t{n}", n = n % TARGETS)),
             args: [("pause".to_string(), serde_json::json!("0.1"))]
                 .into_iter()

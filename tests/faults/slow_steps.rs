@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use jobdeck::job::State;
+use jobdeck::store::NewJob;
 
 use crate::audit::{self, LEDGER_STEP};
 use crate::harness::{Env, eventually};
@@ -28,7 +29,6 @@ kill_grace = "1s"
 
 [[pipeline]]
 name = "hung"
-max_attempts = 1
 [[pipeline.step]]
 name = "hang"
 run = ["sh", "-c", '''{HANG}''']
@@ -36,7 +36,6 @@ timeout = "1500ms"
 
 [[pipeline]]
 name = "stubborn"
-max_attempts = 1
 [[pipeline.step]]
 name = "hang"
 run = ["sh", "-c", '''{HANG}''']
@@ -45,7 +44,6 @@ timeout = "1500ms"
 
 [[pipeline]]
 name = "whole"
-max_attempts = 1
 timeout = "1500ms"
 [[pipeline.step]]
 name = "quick"
@@ -56,7 +54,6 @@ run = ["sh", "-c", '''{HANG}''']
 
 [[pipeline]]
 name = "long"
-max_attempts = 1
 [[pipeline.step]]
 name = "slow"
 run = ["sh", "-c", '''{LEDGER_STEP}''']
@@ -65,15 +62,32 @@ env = {{ PAUSE = "11" }}
     )
 }
 
+/// A job of `pipeline` (target the same) with a single attempt, so that a
+/// timeout ends it. (A pipeline's `max_attempts` is stamped on jobs by
+/// `jobdeck enqueue --config` and the scheduler, not by the store.)
+async fn once(env: &Env, pipeline: &str) -> i64 {
+    let job = NewJob {
+        pipeline: pipeline.into(),
+        target: Some(pipeline.into()),
+        max_attempts: Some(1),
+        ..NewJob::default()
+    };
+    env.store
+        .enqueue(job, "operator:test@host")
+        .await
+        .expect("enqueue")
+        .id
+}
+
 async fn slow_and_hung_steps(env: Env) {
     let config = env.config("slow.toml", &config());
     let args = ["--slots", "4", "--no-scheduler"];
     // Two workers: if the long job's lease lapsed, the other would take it.
     let _w = [env.worker(&config, &args), env.worker(&config, &args)];
-    let long = env.enqueue("long", Some("long"), &[]).await;
+    let long = once(&env, "long").await;
     let mut hung = Vec::new();
     for pipeline in ["hung", "stubborn", "whole"] {
-        hung.push(env.enqueue(pipeline, Some(pipeline), &[]).await);
+        hung.push(once(&env, pipeline).await);
     }
     for id in &hung {
         let kids: Vec<i32> = eventually("the step's pids", Duration::from_secs(20), async || {
@@ -84,6 +98,7 @@ async fn slow_and_hung_steps(env: Env) {
         let job = env
             .wait_state(*id, State::Failed, Duration::from_secs(20))
             .await;
+        assert_eq!(job.attempt, 1, "job {id} failed at its first timeout");
         let error = job.last_error.unwrap_or_default();
         assert!(
             error.contains("timed out") || error.contains("timeout"),

@@ -19,11 +19,7 @@ const TARGETS: usize = 10;
 fn config() -> String {
     [
         "[workers]\nlease = \"2s\"\nkill_grace = \"500ms\"\npoll = \"50ms\"\n".to_string(),
-        pipeline(
-            "crash",
-            "max_attempts = 50\non_stale = \"retry\"",
-            LEDGER_STEP,
-        ),
+        pipeline("crash", "on_stale = \"retry\"", LEDGER_STEP),
     ]
     .concat()
 }
@@ -46,6 +42,9 @@ async fn sqlite_crash_consistency(env: Env) {
     let jobs = (0..JOBS)
         .map(|n| NewJob {
             pipeline: "crash".into(),
+            // Kills use attempts up (a pipeline's max_attempts is stamped by
+            // `jobdeck enqueue --config`, not by the store).
+            max_attempts: Some(50),
             target: Some(format!("t{n}", n = n % TARGETS)),
             ..NewJob::default()
         })

@@ -23,7 +23,7 @@ fn config() -> String {
         "[workers]\nlease = \"2s\"\nkill_grace = \"500ms\"\npoll = \"100ms\"\n".to_string(),
         // hold (the default): a killed run quarantines its target until the
         // operator requeues it. Attempts generous: kills use them up.
-        pipeline("storm", "max_attempts = 50", LEDGER_STEP),
+        pipeline("storm", "", LEDGER_STEP),
     ]
     .concat()
 }
@@ -37,6 +37,9 @@ async fn kill_storm(env: Env) {
     let jobs = (0..JOBS)
         .map(|n| NewJob {
             pipeline: "storm".into(),
+            // The pipeline's max_attempts is stamped by `jobdeck enqueue
+            // --config`, not by the store: say it here.
+            max_attempts: Some(50),
             target: Some(format!("t{:02}", n % TARGETS)),
             // Long enough that a kill usually lands in the middle of steps.
             args: [("pause".to_string(), serde_json::json!("0.2"))]
