@@ -150,7 +150,12 @@ contract_test!(expiry_applies_each_policy, |store| async move {
     // Five runs and a leased job, all on 300 ms leases; one on a long lease.
     let leased_id = enqueue(&store, "lease-only", Some("tl")).await;
     let leased = claim_one(&store, "w-0", "lease-only", SHORT).await;
-    let run = |p: StalePolicy| spec(SHORT, p);
+    // A backoff long enough to still be in the future when checked on a
+    // loaded machine.
+    let run = |p: StalePolicy| jobdeck::store::StartSpec {
+        backoff: Duration::from_secs(30),
+        ..spec(SHORT, p)
+    };
     let (hold, _) = running_job(&store, "w-1", "hold", Some("th"), run(StalePolicy::Hold)).await;
     let (rel, _) = running_job(&store, "w-1", "rel", Some("tr"), run(StalePolicy::Release)).await;
     let (retry, _) = running_job(&store, "w-1", "retry", Some("tt"), run(StalePolicy::Retry)).await;

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod batches;
 mod claims;
 mod leases;
 mod locks;

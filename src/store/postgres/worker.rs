@@ -344,20 +344,77 @@ impl PgStore {
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         let mut tx = self.pool.begin().await?;
+        // Successes, the bulk of any batch, take one statement together;
+        // the rest go one by one through the full decision.
+        let succeeded: Vec<LeaseRef> = items
+            .iter()
+            .filter(|(_, o)| *o == Outcome::Succeeded)
+            .map(|(l, _)| *l)
+            .collect();
+        let done = succeed_all(&mut tx, &succeeded, actor).await?;
         let mut out = Vec::with_capacity(items.len());
         for (lease, outcome) in items {
-            out.push(
+            out.push(if *outcome == Outcome::Succeeded {
+                if done.contains(lease) {
+                    Ok(State::Succeeded)
+                } else {
+                    Err(StoreError::LeaseLost(lease.id))
+                }
+            } else {
                 match finish_in(&mut tx, *lease, outcome.clone(), actor).await {
                     Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
                         return Err(e);
                     }
                     other => other,
-                },
-            );
+                }
+            });
         }
         tx.commit().await?;
         Ok(out)
     }
+}
+
+/// Mark every listed running job succeeded, release their locks by fence
+/// and record the events, in one statement. Returns the ids that were
+/// still held (the others' leases were lost).
+async fn succeed_all(
+    tx: &mut PgConnection,
+    leases: &[LeaseRef],
+    actor: &str,
+) -> Result<std::collections::HashSet<LeaseRef>> {
+    if leases.is_empty() {
+        return Ok(Default::default());
+    }
+    job::check(leases[0].id, State::Running, job::Move::Succeed)?;
+    let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+    let done: Vec<(i64, i64)> = sqlx::query_as(
+        "WITH done AS ( \
+             UPDATE jobs SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL \
+             FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token) \
+             WHERE jobs.id = t.id AND jobs.lease_token = t.token AND jobs.state = 'running' \
+             RETURNING jobs.id, jobs.lease_token, jobs.target, jobs.lock_fence \
+         ), freed AS ( \
+             UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL, \
+                 expires_at = NULL \
+             FROM done \
+             WHERE locks.target = done.target AND locks.fence = done.lock_fence \
+               AND locks.holder_job = done.id \
+         ), events AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT id, 'running', 'succeeded', $3, '' FROM done ORDER BY id \
+         ) \
+         SELECT id, lease_token FROM done",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(actor)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(done
+        .into_iter()
+        .map(|(id, token)| LeaseRef { id, token })
+        .collect())
 }
 
 /// Take the lock (if the job has a target), count the attempt, write

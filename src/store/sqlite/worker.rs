@@ -358,20 +358,100 @@ impl SqliteStore {
     ) -> Result<Vec<Result<State>>> {
         let mut tx = self.begin().await?;
         let now = now_ms();
+        // Successes, the bulk of any batch, take three statements together;
+        // the rest go one by one through the full decision.
+        let succeeded: Vec<LeaseRef> = items
+            .iter()
+            .filter(|(_, o)| *o == Outcome::Succeeded)
+            .map(|(l, _)| *l)
+            .collect();
+        let done = succeed_all(&mut tx, now, &succeeded, actor).await?;
         let mut out = Vec::with_capacity(items.len());
         for (lease, outcome) in items {
-            out.push(
+            out.push(if *outcome == Outcome::Succeeded {
+                if done.contains(lease) {
+                    Ok(State::Succeeded)
+                } else {
+                    Err(StoreError::LeaseLost(lease.id))
+                }
+            } else {
                 match finish_in(&mut tx, now, *lease, outcome.clone(), actor).await {
                     Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
                         return Err(e);
                     }
                     other => other,
-                },
-            );
+                }
+            });
         }
         tx.commit().await?;
         Ok(out)
     }
+}
+
+/// Mark every listed running job succeeded, release their locks by fence
+/// and record the events: three statements for the whole batch. Returns
+/// the ids that were still held (the others' leases were lost).
+async fn succeed_all(
+    tx: &mut SqliteConnection,
+    now: i64,
+    leases: &[LeaseRef],
+    actor: &str,
+) -> Result<std::collections::HashSet<LeaseRef>> {
+    if leases.is_empty() {
+        return Ok(Default::default());
+    }
+    job::check(leases[0].id, State::Running, Move::Succeed)?;
+    let pairs = serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
+        .map_err(|e| StoreError::Invalid(format!("bad lease list: {e}")))?;
+    let rows = sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', finished_at = ?1, lease_expires_at = NULL
+         WHERE state = 'running'
+           AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                                     FROM json_each(?2))
+         RETURNING id, lease_token, target, lock_fence",
+    )
+    .bind(now)
+    .bind(&pairs)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut done = std::collections::HashSet::new();
+    let mut held = Vec::new();
+    for row in &rows {
+        let id: i64 = row.try_get("id")?;
+        done.insert(LeaseRef {
+            id,
+            token: row.try_get("lease_token")?,
+        });
+        let target: Option<String> = row.try_get("target")?;
+        let fence: Option<i64> = row.try_get("lock_fence")?;
+        if let (Some(t), Some(f)) = (target, fence) {
+            held.push(serde_json::json!([t, f, id]));
+        }
+        ids.push(id);
+    }
+    if !held.is_empty() {
+        sqlx::query(
+            "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL,
+                 expires_at = NULL
+             WHERE (target, fence, holder_job) IN (
+                 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+                        json_extract(value, '$[2]') FROM json_each(?))",
+        )
+        .bind(serde_json::Value::Array(held).to_string())
+        .execute(&mut *tx)
+        .await?;
+    }
+    sqlx::query(
+        "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+         SELECT value, ?, 'running', 'succeeded', ?, '' FROM json_each(?) ORDER BY key",
+    )
+    .bind(now)
+    .bind(actor)
+    .bind(serde_json::to_string(&ids).map_err(|e| StoreError::Invalid(e.to_string()))?)
+    .execute(&mut *tx)
+    .await?;
+    Ok(done)
 }
 
 /// Take the lock (if the job has a target), count the attempt, write

@@ -1,0 +1,125 @@
+//! Group commit: a batch of starts or finishes gives each job the answer it
+//! would get alone, and a lost lease in the batch spoils nothing else.
+
+use jobdeck::job::{StalePolicy, State};
+use jobdeck::store::{LeaseRef, Outcome, StartOutcome};
+
+use crate::common::*;
+
+contract_test!(start_many_answers_per_job, |store| async move {
+    let sp = spec(LONG, StalePolicy::Hold);
+    let (holder, _) = running_job(&store, "w-0", "p", Some("busy"), sp).await;
+    let free = enqueue(&store, "p", Some("free")).await;
+    let none = enqueue(&store, "p", None).await;
+    let lost = enqueue(&store, "p", None).await;
+    let claimed = store
+        .claim(&claim_req("w-1", &["p"], 10, LONG))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    let lease = |id: i64| {
+        claimed
+            .iter()
+            .find(|j| j.id == id)
+            .unwrap()
+            .lease_ref()
+            .unwrap()
+    };
+    // A job on the busy target, leased by hand (claims skip locked targets).
+    let contender = enqueue(&store, "p", Some("busy")).await;
+    raw_exec(
+        &store,
+        format!("UPDATE jobs SET state = 'leased', lease_owner = 'w-1', lease_token = 99 WHERE id = {contender}"),
+    )
+    .await;
+    let items = vec![
+        (lease(free), sp),
+        (lease(none), sp),
+        (
+            LeaseRef {
+                id: lost,
+                token: 12345,
+            },
+            sp,
+        ),
+        (
+            LeaseRef {
+                id: contender,
+                token: 99,
+            },
+            sp,
+        ),
+    ];
+    let answers = store.start_many(&items, "w-1").await.unwrap();
+    assert_eq!(answers.len(), 4);
+    assert_eq!(
+        answers[0].as_ref().unwrap(),
+        &StartOutcome::Started {
+            attempt: 1,
+            fence: Some(1)
+        }
+    );
+    assert_eq!(
+        answers[1].as_ref().unwrap(),
+        &StartOutcome::Started {
+            attempt: 1,
+            fence: None
+        }
+    );
+    assert!(matches!(answers[2], Err(jobdeck::store::StoreError::LeaseLost(id)) if id == lost));
+    assert!(matches!(
+        answers[3].as_ref().unwrap(),
+        StartOutcome::LockBusy { holder_job, .. } if *holder_job == holder.id
+    ));
+    assert_eq!(
+        store.get_job(contender).await.unwrap().state,
+        State::Leased,
+        "busy: nothing written"
+    );
+    assert_eq!(store.get_job(free).await.unwrap().state, State::Running);
+});
+
+contract_test!(finish_many_answers_per_job, |store| async move {
+    let sp = spec(LONG, StalePolicy::Hold);
+    let (a, _) = running_job(&store, "w-1", "p", Some("ta"), sp).await;
+    let (b, _) = running_job(&store, "w-1", "p", None, sp).await;
+    let (c, _) = running_job(&store, "w-1", "p", Some("tc"), sp).await;
+    let stale_token = LeaseRef {
+        id: a.id,
+        token: a.token.wrapping_add(1),
+    };
+    let items = vec![
+        (a, Outcome::Succeeded),
+        (b, Outcome::Succeeded),
+        (
+            c,
+            Outcome::Failed {
+                error: "boom".into(),
+                retry: true,
+            },
+        ),
+        (stale_token, Outcome::Succeeded),
+    ];
+    let answers = store.finish_many(&items, "w-1").await.unwrap();
+    assert_eq!(answers[0].as_ref().unwrap(), &State::Succeeded);
+    assert_eq!(answers[1].as_ref().unwrap(), &State::Succeeded);
+    assert_eq!(answers[2].as_ref().unwrap(), &State::Queued, "retry path");
+    assert!(matches!(
+        answers[3],
+        Err(jobdeck::store::StoreError::LeaseLost(_))
+    ));
+    assert!(
+        store.list_locks().await.unwrap().is_empty(),
+        "both locks released by fence"
+    );
+    let events = store.job_events(a.id).await.unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last.from, last.to, last.actor.as_str()),
+        (Some(State::Running), State::Succeeded, "w-1")
+    );
+    assert!(store.get_job(a.id).await.unwrap().finished_at.is_some());
+    let retried = store.get_job(c.id).await.unwrap();
+    assert_eq!(retried.last_error.as_deref(), Some("boom"));
+    assert!(retried.lease_token.is_none());
+});
