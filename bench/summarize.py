@@ -1,0 +1,147 @@
+"""Turns bench/run.sh's raw JSON lines into the table (medians over runs,
+ratios of jobdeck to each row) on stdout and a JSON document."""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+
+# Display order; each row's jobdeck reference is the jobdeck row of the same
+# backend without targets.
+ROWS = [
+    ("jobdeck-postgres", "jobdeck, Postgres", "jobdeck-postgres"),
+    ("jobdeck-postgres-t100", "jobdeck, Postgres, 100 targets", "jobdeck-postgres"),
+    ("pgqueuer-postgres", "pgqueuer 1.6", "jobdeck-postgres"),
+    ("graphile-postgres", "graphile-worker 0.18", "jobdeck-postgres"),
+    ("pgboss-postgres", "pg-boss 12 (burst, notify)", "jobdeck-postgres"),
+    ("apalis-postgres", "apalis 1.0, Postgres", "jobdeck-postgres"),
+    ("river-postgres", "riverqueue 0.5, Postgres (cooldown 1 ms)", "jobdeck-postgres"),
+    ("pgbench-c8", "pgbench 1-row UPDATE, 8 clients", "jobdeck-postgres"),
+    ("pgbench-c1", "pgbench 1-row UPDATE, 1 client", "jobdeck-postgres"),
+    ("jobdeck-sqlite", "jobdeck, SQLite", "jobdeck-sqlite"),
+    ("jobdeck-sqlite-t100", "jobdeck, SQLite, 100 targets", "jobdeck-sqlite"),
+    ("apalis-sqlite", "apalis 1.0, SQLite", "jobdeck-sqlite"),
+    ("river-sqlite", "riverqueue 0.5, SQLite (cooldown 1 ms)", "jobdeck-sqlite"),
+    ("sqlite-wal-update", "SQLite WAL 1-row UPDATE tx", "jobdeck-sqlite"),
+]
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        return ""
+
+
+def fmt(x, nd=0):
+    if x is None:
+        return "-"
+    return f"{x:,.{nd}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--raw", required=True)
+    ap.add_argument("--failed", required=True)
+    ap.add_argument("--machine", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jobs", type=int, required=True)
+    ap.add_argument("--runs", type=int, required=True)
+    ap.add_argument("--concurrency", type=int, required=True)
+    a = ap.parse_args()
+
+    runs = {}
+    with open(a.raw) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                runs.setdefault(r["row"], []).append(r["result"])
+    failed = {}
+    if os.path.exists(a.failed):
+        with open(a.failed) as f:
+            for line in f:
+                if "\t" in line:
+                    row, why = line.rstrip("\n").split("\t", 1)
+                    failed[row] = why
+
+    def lat(rs, k):
+        return median([(r.get("latency_ms") or {}).get(k) for r in rs])
+
+    summary = {}
+    for key, _, _ in ROWS:
+        rs = runs.get(key)
+        if not rs:
+            continue
+        summary[key] = {
+            "runs": len(rs),
+            "enqueue_per_s": median([r.get("enqueue_per_s") for r in rs]),
+            "process_per_s": median([r.get("process_per_s") for r in rs]),
+            "process_per_s_all": [r.get("process_per_s") for r in rs],
+            "latency_ms": {k: lat(rs, k) for k in ("p50", "p95", "p99")},
+            "latency_avg_ms": median([r.get("latency_avg_ms") for r in rs]),
+        }
+
+    head = f"{'system / backend':44} {'enqueue/s':>10} {'process/s':>10} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'jobdeck ÷':>10}"
+    lines = [head, "-" * len(head)]
+    for key, label, ref in ROWS:
+        s = summary.get(key)
+        if s is None:
+            if key in failed:
+                lines.append(f"{label:44} FAILED: {failed[key]}")
+            continue
+        refp = (summary.get(ref) or {}).get("process_per_s")
+        if key == ref or not refp or not s["process_per_s"]:
+            ratio = "-"
+        elif key.startswith("jobdeck-"):
+            # A jobdeck variant against its own no-target figure.
+            ratio = f"{s['process_per_s'] / refp:.2f}x own"
+        else:
+            ratio = f"{refp / s['process_per_s']:.2f}x"
+        p50 = s["latency_ms"]["p50"]
+        if p50 is None and s["latency_avg_ms"] is not None:
+            p50_txt = f"~{s['latency_avg_ms']:.2f}"  # pgbench: average latency per transaction
+        else:
+            p50_txt = fmt(p50, 2)
+        lines.append(
+            f"{label:44} {fmt(s['enqueue_per_s']):>10} {fmt(s['process_per_s']):>10} {p50_txt:>7} "
+            f"{fmt(s['latency_ms']['p95'], 2):>7} {fmt(s['latency_ms']['p99'], 2):>7} {ratio:>10}"
+        )
+    with open(a.machine) as f:
+        machine_txt = f.read()
+    notes = [
+        f"{a.jobs} no-op jobs bulk-enqueued, concurrency {a.concurrency}, medians of {a.runs} run(s).",
+        "jobdeck ÷ = jobdeck's process/s (same backend, no targets) divided by the row's;",
+        "'x own' = a jobdeck variant's process/s as a fraction of its no-target figure.",
+        "pgbench rows: process/s = transactions/s; ~p50 = pgbench's average latency per transaction.",
+    ]
+    table = "\n".join(lines + [""] + notes)
+    print(table)
+
+    doc = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": sh("git -C " + os.path.dirname(os.path.abspath(__file__)) + " rev-parse --short HEAD"),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "cpu": sh("lscpu | sed -n 's/^Model name: *//p'"),
+            "kernel": platform.release(),
+            "postgres": sh("psql -tAc 'SHOW server_version' postgres"),
+            "notes": machine_txt.strip(),
+        },
+        "settings": {"jobs": a.jobs, "concurrency": a.concurrency, "runs": a.runs},
+        "rows": summary,
+        "failed": failed,
+        "table": table,
+    }
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=2)
+
+
+main()
