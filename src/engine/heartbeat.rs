@@ -25,9 +25,12 @@ pub async fn run(ctx: Arc<Ctx>, stop: CancellationToken) {
                 let elapsed = sent.elapsed();
                 for (lease, renewal) in results {
                     match renewal {
+                        // A job that finished while the renewal was in
+                        // flight is gone from the registry: nothing lost.
                         Renewal::Lost => {
-                            tracing::warn!("job {}: lease lost at renewal", lease.id);
-                            ctx.registry.signal(lease.id, JobSignal::LeaseLost);
+                            if ctx.registry.signal(lease.id, JobSignal::LeaseLost) {
+                                tracing::warn!("job {}: lease lost at renewal", lease.id);
+                            }
                         }
                         Renewal::Held {
                             remaining,

@@ -93,12 +93,9 @@ impl Registry {
         self.with(|m| m.values().filter(|e| e.renew).map(|e| e.lease).collect())
     }
 
-    pub fn signal(&self, id: i64, s: JobSignal) {
-        self.with(|m| {
-            if let Some(e) = m.get(&id) {
-                let _ = e.signals.send(s);
-            }
-        });
+    /// Tell job `id` something; false when this node no longer holds it.
+    pub fn signal(&self, id: i64, s: JobSignal) -> bool {
+        self.with(|m| m.get(&id).is_some_and(|e| e.signals.send(s).is_ok()))
     }
 
     pub fn signal_all(&self, s: JobSignal) {
