@@ -1,0 +1,269 @@
+//! The scriptable CLI end to end: the built binary, its JSON on stdout and
+//! its exit codes, on a temp SQLite file (the store itself is covered on
+//! both backends by the contract suite).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn jobdeck(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_jobdeck"))
+        .current_dir(dir)
+        .env_remove("JOBDECK_DB")
+        .env("JOBDECK_DATA_DIR", dir.join("data"))
+        .env("USER", "alice")
+        .args(args)
+        .output()
+        .expect("run jobdeck")
+}
+
+/// Run, expect success, parse stdout as JSON.
+fn json(dir: &Path, args: &[&str]) -> Value {
+    let out = jobdeck(dir, args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Run, expect failure with exactly one line on stderr; return it.
+fn fails(dir: &Path, args: &[&str]) -> String {
+    let out = jobdeck(dir, args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr).trim_end().to_string();
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{args:?}: one line expected, got {err:?}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn enqueue_list_show_and_dedupe() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let first = json(
+        d,
+        &[
+            "enqueue",
+            "sync",
+            "--target",
+            "a",
+            "--arg",
+            "dest=/x",
+            "--priority",
+            "5",
+            "--json",
+        ],
+    );
+    assert_eq!(first["deduplicated"], false);
+    let id = first["id"].as_i64().unwrap();
+    // Plain output is just the id.
+    let plain = jobdeck(d, &["enqueue", "sync", "--unique-key", "k1"]);
+    let keyed: i64 = String::from_utf8_lossy(&plain.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let again = json(d, &["enqueue", "sync", "--unique-key", "k1", "--json"]);
+    assert_eq!(
+        (again["id"].as_i64(), again["deduplicated"].as_bool()),
+        (Some(keyed), Some(true))
+    );
+
+    let jobs = json(d, &["jobs", "--state", "queued", "--json"]);
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "the deduplicated enqueue added no row");
+    let job = jobs.iter().find(|j| j["id"] == id).unwrap();
+    for field in [
+        "id",
+        "pipeline",
+        "target",
+        "args",
+        "state",
+        "priority",
+        "due_at",
+        "attempt",
+        "max_attempts",
+        "step",
+        "lease_owner",
+        "lease_token",
+        "lease_expires_at",
+        "lock_fence",
+        "unique_key",
+        "cancel_requested_at",
+        "last_error",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ] {
+        assert!(job.get(field).is_some(), "job JSON lacks {field}");
+    }
+    assert_eq!(job["state"], "queued");
+    assert_eq!(job["args"]["dest"], "/x");
+    assert_eq!(job["priority"], 5);
+    assert!(chrono::DateTime::parse_from_rfc3339(job["created_at"].as_str().unwrap()).is_ok());
+    assert_eq!(
+        json(d, &["jobs", "--limit", "1", "--json"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        json(d, &["jobs", "--target", "a", "--json"])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let shown = json(d, &["show", &id.to_string(), "--json"]);
+    assert_eq!(shown["job"]["id"], id);
+    let events = shown["events"].as_array().unwrap();
+    assert_eq!(events[0]["to"], "queued");
+    assert_eq!(
+        events[0]["actor"],
+        format!("operator:alice@{}", jobdeck::job::hostname())
+    );
+
+    let stats = json(d, &["stats", "--json"]);
+    assert_eq!(stats["queued"], 2);
+    assert_eq!(stats["running"], 0);
+    assert_eq!(json(d, &["locks", "--json"]), Value::Array(vec![]));
+    assert_eq!(json(d, &["workers", "--json"]), Value::Array(vec![]));
+
+    // A human table has a header and one line per job.
+    let table = jobdeck(d, &["jobs"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.lines().next().unwrap().starts_with("ID"));
+    assert_eq!(text.lines().count(), 3);
+}
+
+#[test]
+fn operator_actions_and_their_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let id = json(d, &["enqueue", "sync", "--json"])["id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    let requeue = fails(d, &["requeue", &id]);
+    assert_eq!(
+        requeue,
+        format!("jobdeck: job {id} is queued: it is already queued")
+    );
+    let extend = fails(d, &["extend", &id, "--by", "30s"]);
+    assert!(extend.contains("only leased and running jobs"), "{extend}");
+
+    let cancelled = json(d, &["cancel", &id, "--json"]);
+    assert_eq!(cancelled[0]["ok"], true);
+    assert_eq!(
+        json(d, &["show", &id, "--json"])["job"]["state"],
+        "cancelled"
+    );
+    let twice = fails(d, &["cancel", &id]);
+    assert!(twice.contains("already finished"), "{twice}");
+    // Requeue of a cancelled job is allowed and recorded with the operator.
+    assert_eq!(json(d, &["requeue", &id, "--json"])[0]["ok"], true);
+    let shown = json(d, &["show", &id, "--json"]);
+    assert_eq!(shown["job"]["state"], "queued");
+    let last = shown["events"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (last["from"].as_str(), last["to"].as_str()),
+        (Some("cancelled"), Some("queued"))
+    );
+    assert!(
+        last["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("operator:alice@")
+    );
+
+    // Several ids: each reported, the exit status says one failed.
+    let out = jobdeck(d, &["cancel", &id, "999", "--json"]);
+    assert!(!out.status.success());
+    let results: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(results[0]["ok"], true);
+    assert_eq!(results[1]["error"], "job 999 not found");
+
+    assert_eq!(
+        fails(d, &["show", "424242"]),
+        "jobdeck: job 424242 not found"
+    );
+    let release = fails(d, &["release", "nothing-here"]);
+    assert!(release.contains("not locked"), "{release}");
+}
+
+#[test]
+fn migrate_creates_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = jobdeck(dir.path(), &["migrate"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
+    assert!(
+        dir.path().join("jobdeck.db").exists(),
+        "default sqlite://jobdeck.db in the cwd"
+    );
+}
+
+#[test]
+fn malformed_arguments_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dur = jobdeck(d, &["enqueue", "sync", "--in", "5 parsecs"]);
+    assert!(!dur.status.success());
+    assert!(String::from_utf8_lossy(&dur.stderr).contains("invalid duration \"5 parsecs\""));
+    let arg = jobdeck(d, &["enqueue", "sync", "--arg", "novalue"]);
+    assert!(!arg.status.success());
+    assert!(String::from_utf8_lossy(&arg.stderr).contains("expected KEY=VALUE"));
+    // Nothing was enqueued by the refused commands.
+    assert_eq!(json(d, &["stats", "--json"])["queued"], 0);
+
+    // With a config, an unknown pipeline is refused; without one, accepted.
+    std::fs::write(
+        d.join("jobdeck.toml"),
+        "[[pipeline]]\nname = \"sync\"\n[[pipeline.step]]\nname = \"s\"\nbuiltin = \"noop\"\n",
+    )
+    .unwrap();
+    let unknown = fails(d, &["enqueue", "synk"]);
+    assert!(
+        unknown.contains("unknown pipeline \"synk\"") && unknown.contains("sync"),
+        "{unknown}"
+    );
+    std::fs::write(d.join("jobdeck.toml"), "[[pipeline]\nname = 1\n").unwrap();
+    let syntax = fails(d, &["jobs"]);
+    assert!(syntax.contains("jobdeck.toml:1"), "{syntax}");
+    std::fs::remove_file(d.join("jobdeck.toml")).unwrap();
+    assert_eq!(
+        json(d, &["enqueue", "anything", "--json"])["deduplicated"],
+        false
+    );
+}
+
+#[test]
+fn wait_reports_the_outcome_by_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let id = json(d, &["enqueue", "sync", "--json"])["id"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    let out = jobdeck(d, &["wait", &id, "--timeout", "300ms"]);
+    assert_eq!(out.status.code(), Some(124), "still queued: timeout");
+    json(d, &["cancel", &id, "--json"]);
+    assert_eq!(
+        jobdeck(d, &["wait", &id]).status.code(),
+        Some(1),
+        "cancelled is not success"
+    );
+}
