@@ -60,15 +60,25 @@ async fn run_claimed(
     let tail = OutputTail::new();
     let flusher = spawn_output_flusher(ctx.clone(), lease, tail.clone());
     let job_deadline = pipeline.timeout.map(|t| tokio::time::Instant::now() + t);
-    let mut checkpoints = match until_settled("read checkpoints", || {
-        ctx.store.checkpoints(&job.pipeline, job.target.as_deref())
-    })
-    .await
-    {
-        (Ok(c), _) => c,
-        (Err(e), _) => {
-            tracing::warn!("job {}: cannot read checkpoints: {e}", job.id);
-            Vec::new()
+    // Checkpoints reach commands through their environment; a pipeline of
+    // built-ins has no use for them (and saves a round trip per job).
+    let has_commands = pipeline
+        .steps
+        .iter()
+        .any(|s| matches!(s.action, crate::config::StepAction::Command { .. }));
+    let mut checkpoints = if !has_commands {
+        Vec::new()
+    } else {
+        match until_settled("read checkpoints", || {
+            ctx.store.checkpoints(&job.pipeline, job.target.as_deref())
+        })
+        .await
+        {
+            (Ok(c), _) => c,
+            (Err(e), _) => {
+                tracing::warn!("job {}: cannot read checkpoints: {e}", job.id);
+                Vec::new()
+            }
         }
     };
 
