@@ -90,7 +90,7 @@ pub struct ClaimRequest {
 
 /// The per-pipeline settings a worker stamps on a job when it starts it, so
 /// that any node's reaper can apply them later without the config.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StartSpec {
     pub lease: Duration,
     pub on_stale: StalePolicy,

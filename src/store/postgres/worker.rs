@@ -97,9 +97,34 @@ impl PgStore {
                 .cmp(&targets.get(&items[*b].0.id))
         });
         let mut tx = self.pool.begin().await?;
+        // Jobs without a target need no lock: each group of one spec starts
+        // in one statement. What is left (targets, lost leases) goes one by
+        // one through the full start.
+        let mut started = HashMap::new();
+        let mut specs: Vec<StartSpec> = Vec::new();
+        for (_, spec) in items {
+            if !specs.contains(spec) {
+                specs.push(*spec);
+            }
+        }
+        for spec in &specs {
+            let leases: Vec<LeaseRef> = items
+                .iter()
+                .filter(|(l, s)| s == spec && !targets.contains_key(&l.id))
+                .map(|(l, _)| *l)
+                .collect();
+            started.extend(start_untargeted(&mut tx, &leases, spec, worker).await?);
+        }
         let mut out: Vec<Option<Result<StartOutcome>>> = vec![None; items.len()];
         for i in order {
             let (lease, spec) = &items[i];
+            if let Some(attempt) = started.get(lease) {
+                out[i] = Some(Ok(StartOutcome::Started {
+                    attempt: *attempt,
+                    fence: None,
+                }));
+                continue;
+            }
             out[i] = Some(match start_in(&mut tx, *lease, spec, worker).await {
                 Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
                 other => other,
@@ -414,6 +439,50 @@ async fn succeed_all(
     Ok(done
         .into_iter()
         .map(|(id, token)| LeaseRef { id, token })
+        .collect())
+}
+
+/// Start every listed leased job that has no target (no lock to take) in
+/// one statement: count the attempt, write `running`, record the events.
+/// Returns the attempt of each job started; the others are left untouched.
+async fn start_untargeted(
+    tx: &mut PgConnection,
+    leases: &[LeaseRef],
+    spec: &StartSpec,
+    worker: &str,
+) -> Result<HashMap<LeaseRef, i32>> {
+    if leases.is_empty() {
+        return Ok(HashMap::new());
+    }
+    job::check(leases[0].id, State::Leased, job::Move::Start)?;
+    let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+    let rows: Vec<(i64, i64, i32)> = sqlx::query_as(
+        "WITH started AS ( \
+             UPDATE jobs SET state = 'running', attempt = attempt + 1, \
+                 lease_expires_at = now() + $3 * interval '1 millisecond', started_at = now(), \
+                 lock_fence = NULL, on_stale = $4, backoff_ms = $5 \
+             FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token) \
+             WHERE jobs.id = t.id AND jobs.lease_token = t.token AND jobs.state = 'leased' \
+               AND jobs.target IS NULL \
+             RETURNING jobs.id, jobs.lease_token, jobs.attempt \
+         ), events AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT id, 'leased', 'running', $6, 'attempt ' || attempt FROM started ORDER BY id \
+         ) \
+         SELECT id, lease_token, attempt FROM started",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(ms(spec.lease))
+    .bind(spec.on_stale.as_str())
+    .bind(ms(spec.backoff))
+    .bind(worker)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, token, attempt)| (LeaseRef { id, token }, attempt))
         .collect())
 }
 

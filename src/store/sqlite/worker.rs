@@ -111,11 +111,37 @@ impl SqliteStore {
     ) -> Result<Vec<Result<StartOutcome>>> {
         let mut tx = self.begin().await?;
         let now = now_ms();
+        // Jobs without a target need no lock: each group of one spec starts
+        // in two statements. What is left (targets, lost leases) goes one
+        // by one through the full start.
+        let mut started = std::collections::HashMap::new();
+        let mut specs: Vec<StartSpec> = Vec::new();
+        for (_, spec) in items {
+            if !specs.contains(spec) {
+                specs.push(*spec);
+            }
+        }
+        for spec in &specs {
+            let leases: Vec<LeaseRef> = items
+                .iter()
+                .filter(|(_, s)| s == spec)
+                .map(|(l, _)| *l)
+                .collect();
+            started.extend(start_untargeted(&mut tx, now, &leases, spec, worker).await?);
+        }
         let mut out = Vec::with_capacity(items.len());
         for (lease, spec) in items {
-            out.push(match start_in(&mut tx, now, *lease, spec, worker).await {
-                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
-                other => other,
+            out.push(match started.get(lease) {
+                Some(attempt) => Ok(StartOutcome::Started {
+                    attempt: *attempt,
+                    fence: None,
+                }),
+                None => match start_in(&mut tx, now, *lease, spec, worker).await {
+                    Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
+                        return Err(e);
+                    }
+                    other => other,
+                },
             });
         }
         tx.commit().await?;
@@ -452,6 +478,66 @@ async fn succeed_all(
     .execute(&mut *tx)
     .await?;
     Ok(done)
+}
+
+/// Start every listed leased job that has no target (no lock to take):
+/// count the attempt, write `running`, record the events. Returns the
+/// attempt of each job started; the others are left untouched.
+async fn start_untargeted(
+    tx: &mut SqliteConnection,
+    now: i64,
+    leases: &[LeaseRef],
+    spec: &StartSpec,
+    worker: &str,
+) -> Result<std::collections::HashMap<LeaseRef, i32>> {
+    if leases.is_empty() {
+        return Ok(Default::default());
+    }
+    job::check(leases[0].id, State::Leased, Move::Start)?;
+    let pairs = serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
+        .map_err(|e| StoreError::Invalid(format!("bad lease list: {e}")))?;
+    let rows = sqlx::query(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
+             started_at = ?1, lock_fence = NULL, on_stale = ?3, backoff_ms = ?4
+         WHERE state = 'leased' AND target IS NULL
+           AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                                     FROM json_each(?5))
+         RETURNING id, lease_token, attempt",
+    )
+    .bind(now)
+    .bind(ms(spec.lease))
+    .bind(spec.on_stale.as_str())
+    .bind(ms(spec.backoff))
+    .bind(&pairs)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut started = std::collections::HashMap::new();
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let id: i64 = row.try_get("id")?;
+        let attempt: i32 = row.try_get("attempt")?;
+        started.insert(
+            LeaseRef {
+                id,
+                token: row.try_get("lease_token")?,
+            },
+            attempt,
+        );
+        events.push(serde_json::json!([id, format!("attempt {attempt}")]));
+    }
+    if !events.is_empty() {
+        sqlx::query(
+            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+             SELECT json_extract(value, '$[0]'), ?, 'leased', 'running', ?, json_extract(value, '$[1]')
+             FROM json_each(?) ORDER BY key",
+        )
+        .bind(now)
+        .bind(worker)
+        .bind(serde_json::Value::Array(events).to_string())
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(started)
 }
 
 /// Take the lock (if the job has a target), count the attempt, write
