@@ -35,6 +35,7 @@ macro_rules! job_cols {
     };
 }
 
+mod batch;
 mod enqueue;
 mod notices;
 mod operator;

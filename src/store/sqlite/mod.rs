@@ -25,6 +25,7 @@ use super::{
 };
 use crate::job::{Event, Job, State};
 
+mod batch;
 mod enqueue;
 mod operator;
 mod read;
