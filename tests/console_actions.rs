@@ -20,6 +20,7 @@ fn ctx(store: &Store) -> Ctx {
         engine: None,
         actor: OPERATOR.into(),
         worker_alive: Duration::from_secs(90),
+        max_attempts: [("sync".to_string(), 5)].into_iter().collect(),
     }
 }
 
@@ -177,6 +178,10 @@ async fn enqueue_from_the_dialog() {
     assert_eq!(flash.text, format!("enqueued job {} (sync)", job.id));
     assert_eq!(job.target.as_deref(), Some("dataset-a"));
     assert_eq!(job.args["days"], serde_json::json!(7));
+    assert_eq!(
+        job.max_attempts, 5,
+        "the pipeline's max_attempts, as `jobdeck enqueue` gives"
+    );
 }
 
 #[tokio::test]

@@ -63,6 +63,9 @@ pub struct Ctx {
     pub actor: String,
     /// A worker silent this long is gone: its jobs' leases are not extended.
     pub worker_alive: Duration,
+    /// Each configured pipeline's max_attempts, given to the jobs enqueued
+    /// here as `jobdeck enqueue` does.
+    pub max_attempts: std::collections::BTreeMap<String, i32>,
 }
 
 pub async fn execute(cmd: Command, ctx: &Ctx) -> Flash {
@@ -124,6 +127,7 @@ pub async fn execute(cmd: Command, ctx: &Ctx) -> Flash {
         }
         Command::Enqueue(spec) => {
             let job = NewJob {
+                max_attempts: ctx.max_attempts.get(&spec.pipeline).copied(),
                 pipeline: spec.pipeline.clone(),
                 target: spec.target,
                 args: spec.args,

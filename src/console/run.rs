@@ -94,6 +94,12 @@ impl Console {
             engine: opts.engine.clone(),
             actor: crate::job::operator_actor(),
             worker_alive: opts.config.workers.lease * 3,
+            max_attempts: opts
+                .config
+                .pipelines
+                .iter()
+                .map(|p| (p.name.clone(), p.max_attempts))
+                .collect(),
         });
         Console {
             app: App::new(opts.readonly),
