@@ -149,6 +149,9 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
         tokio::task::yield_now().await;
         while jobs.try_join_next().is_some() {}
         let claiming = !ctx.paused.load(Ordering::Relaxed) && drain_deadline.is_none();
+        if claiming {
+            gather_free_slots(&ctx, &mut jobs).await;
+        }
         let mut batch_full = false;
         if claiming {
             match claim(&ctx, &mut jobs).await {
@@ -222,6 +225,25 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
     ctx.publish();
     ctx.status.send_modify(|s| s.stopped = true);
     tracing::info!("engine stopped");
+}
+
+/// While fewer than half the slots are free and jobs are finishing, wait
+/// up to `CLAIM_GATHER` for more to finish, so that one claim (and the
+/// start batch after it) covers several slots instead of one each.
+async fn gather_free_slots(ctx: &Ctx, jobs: &mut JoinSet<()>) {
+    const CLAIM_GATHER: Duration = Duration::from_millis(2);
+    let slots = ctx.slots.load(Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + CLAIM_GATHER;
+    loop {
+        let free = slots.saturating_sub(ctx.registry.len());
+        if free == 0 || free * 2 >= slots || jobs.is_empty() {
+            return;
+        }
+        match tokio::time::timeout_at(deadline, jobs.join_next()).await {
+            Ok(Some(_)) => while jobs.try_join_next().is_some() {},
+            _ => return,
+        }
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -21,17 +21,9 @@ impl PgStore {
         items: &[(LeaseRef, StartSpec)],
         worker: &str,
     ) -> Result<Vec<Result<StartOutcome>>> {
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        let targets = self.targets_of(items.iter().map(|(l, _)| l.id)).await?;
-        order.sort_by(|a, b| {
-            targets
-                .get(&items[*a].0.id)
-                .cmp(&targets.get(&items[*b].0.id))
-        });
         let mut tx = self.pool.begin().await?;
         // Jobs without a target need no lock: each group of one spec starts
-        // in one statement. What is left (targets, lost leases) goes one by
-        // one through the full start.
+        // in one statement (the statement itself skips targeted jobs).
         let mut started = HashMap::new();
         let mut specs: Vec<StartSpec> = Vec::new();
         for (_, spec) in items {
@@ -42,21 +34,36 @@ impl PgStore {
         for spec in &specs {
             let leases: Vec<LeaseRef> = items
                 .iter()
-                .filter(|(l, s)| s == spec && !targets.contains_key(&l.id))
+                .filter(|(_, s)| s == spec)
                 .map(|(l, _)| *l)
                 .collect();
             started.extend(start_untargeted(&mut tx, &leases, spec, worker).await?);
         }
-        let mut out: Vec<Option<Result<StartOutcome>>> = vec![None; items.len()];
+        // What is left (targets, lost leases) goes one by one through the
+        // full start, in target order.
+        let rest: Vec<usize> = (0..items.len())
+            .filter(|i| !started.contains_key(&items[*i].0))
+            .collect();
+        let targets = self.targets_of(rest.iter().map(|i| items[*i].0.id)).await?;
+        let mut order = rest;
+        order.sort_by(|a, b| {
+            targets
+                .get(&items[*a].0.id)
+                .cmp(&targets.get(&items[*b].0.id))
+        });
+        let mut out: Vec<Option<Result<StartOutcome>>> = items
+            .iter()
+            .map(|(lease, _)| {
+                started.get(lease).map(|attempt| {
+                    Ok(StartOutcome::Started {
+                        attempt: *attempt,
+                        fence: None,
+                    })
+                })
+            })
+            .collect();
         for i in order {
             let (lease, spec) = &items[i];
-            if let Some(attempt) = started.get(lease) {
-                out[i] = Some(Ok(StartOutcome::Started {
-                    attempt: *attempt,
-                    fence: None,
-                }));
-                continue;
-            }
             out[i] = Some(match start_in(&mut tx, *lease, spec, worker).await {
                 Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
                 other => other,
@@ -69,6 +76,9 @@ impl PgStore {
     /// Targets of the given jobs (jobs without one are absent).
     async fn targets_of(&self, ids: impl Iterator<Item = i64>) -> Result<HashMap<i64, String>> {
         let ids: Vec<i64> = ids.collect();
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
         let rows =
             sqlx::query("SELECT id, target FROM jobs WHERE id = ANY($1) AND target IS NOT NULL")
                 .bind(&ids)

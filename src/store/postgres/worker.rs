@@ -26,7 +26,9 @@ impl PgStore {
         }
         let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
         // Lock a bounded window of candidates from the claim index, skipping
-        // rows other claimers hold, then keep the first job per target.
+        // rows other claimers hold, then keep the first job per target. The
+        // window is small because every row in it is locked (a tuple write):
+        // twice the request leaves room for a few same-target duplicates.
         let rows = sqlx::query(concat!(
             "WITH candidates AS ( \
                  SELECT j.id, j.target, j.priority, j.due_at FROM jobs j \
@@ -60,7 +62,7 @@ impl PgStore {
              SELECT * FROM claimed ORDER BY priority DESC, due_at, id"
         ))
         .bind(&req.pipelines)
-        .bind(limit.saturating_mul(8).saturating_add(16))
+        .bind(limit.saturating_mul(2).saturating_add(2))
         .bind(limit)
         .bind(&req.worker)
         .bind(ms(req.lease))

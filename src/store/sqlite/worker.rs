@@ -33,7 +33,7 @@ impl SqliteStore {
         // leased job for each candidate.
         let rows = sqlx::query(concat!(
             "WITH cand AS (
-                SELECT id, target, priority, due_at FROM jobs
+                SELECT id, target, priority, due_at FROM jobs INDEXED BY jobs_claim
                 WHERE state = 'queued' AND due_at <= ?1
                   AND pipeline IN (SELECT value FROM json_each(?2))
                   AND (target IS NULL OR (
