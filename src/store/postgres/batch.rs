@@ -22,6 +22,7 @@ impl PgStore {
         worker: &str,
     ) -> Result<Vec<Result<StartOutcome>>> {
         let mut tx = self.pool.begin().await?;
+        lock_in_id_order(&mut tx, items.iter().map(|(l, _)| l.id)).await?;
         // Jobs without a target need no lock: each group of one spec starts
         // in one statement (the statement itself skips targeted jobs).
         let mut started = HashMap::new();
@@ -97,6 +98,7 @@ impl PgStore {
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         let mut tx = self.pool.begin().await?;
+        lock_in_id_order(&mut tx, items.iter().map(|(l, _)| l.id)).await?;
         // Successes, the bulk of any batch, take one statement together;
         // the rest go one by one through the full decision.
         let succeeded: Vec<LeaseRef> = items
@@ -212,4 +214,16 @@ async fn succeed_all(
         .into_iter()
         .map(|(id, token)| LeaseRef { id, token })
         .collect())
+}
+
+/// Lock the batch's job rows in id order before touching anything else:
+/// the renewal locks its rows in the same order, so neither can hold one
+/// row while waiting for another the other holds.
+async fn lock_in_id_order(tx: &mut PgConnection, ids: impl Iterator<Item = i64>) -> Result<()> {
+    let ids: Vec<i64> = ids.collect();
+    sqlx::query("SELECT id FROM jobs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }

@@ -163,6 +163,8 @@ impl PgStore {
             .map_err(|e| StoreError::Invalid(format!("worker pipelines: {e}")))?;
         // One statement (so one implicit transaction and one round trip):
         // heartbeat, lease extension that never shortens, lock display times.
+        // Job rows are locked in id order, as the batched starts and
+        // finishes lock theirs, so a renewal and a batch cannot deadlock.
         let rows = sqlx::query(
             "WITH beat AS ( \
                  INSERT INTO workers AS w (id, host, pid, slots, busy, paused, pipelines, started_at, heartbeat_at, gone) \
@@ -170,11 +172,14 @@ impl PgStore {
                  ON CONFLICT (id) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid, \
                      slots = EXCLUDED.slots, busy = EXCLUDED.busy, paused = EXCLUDED.paused, \
                      pipelines = EXCLUDED.pipelines, heartbeat_at = now(), gone = false \
+             ), locked AS ( \
+                 SELECT id FROM jobs WHERE id = ANY($8) ORDER BY id FOR NO KEY UPDATE \
              ), renewed AS ( \
                  UPDATE jobs j SET lease_expires_at = \
                      GREATEST(j.lease_expires_at, now() + $10 * interval '1 millisecond') \
-                 FROM unnest($8::bigint[], $9::bigint[]) AS t(id, token) \
-                 WHERE j.id = t.id AND j.lease_token = t.token AND j.state IN ('leased','running') \
+                 FROM unnest($8::bigint[], $9::bigint[]) AS t(id, token), locked \
+                 WHERE j.id = t.id AND locked.id = t.id AND j.lease_token = t.token \
+                   AND j.state IN ('leased','running') \
                  RETURNING j.id, j.lease_token, j.target, j.lease_expires_at, \
                      j.cancel_requested_at IS NOT NULL AS cancel_requested \
              ), shown AS ( \
