@@ -149,11 +149,9 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
         tokio::task::yield_now().await;
         while jobs.try_join_next().is_some() {}
         let claiming = !ctx.paused.load(Ordering::Relaxed) && drain_deadline.is_none();
-        if claiming {
-            gather_free_slots(&ctx, &mut jobs).await;
-        }
         let mut batch_full = false;
         if claiming {
+            gather_free_slots(&ctx, &mut jobs).await;
             match claim(&ctx, &mut jobs).await {
                 Ok(full) => {
                     batch_full = full;
