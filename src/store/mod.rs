@@ -131,6 +131,33 @@ pub enum Outcome {
     Cancelled,
 }
 
+impl Outcome {
+    /// The move and the state a running job takes for this outcome, by the
+    /// rules of `job.rs` (a pending cancel beats a retry), and the error to
+    /// record.
+    pub fn decide(
+        self,
+        attempt: i32,
+        max_attempts: i32,
+        cancel_pending: bool,
+    ) -> (crate::job::Move, State, Option<String>) {
+        use crate::job::{Move, after_failure};
+        match self {
+            Outcome::Succeeded => (Move::Succeed, State::Succeeded, None),
+            Outcome::Cancelled => (Move::StopCancelled, State::Cancelled, None),
+            Outcome::Failed { error, retry } => {
+                // A failure that cannot improve uses up the attempts at once.
+                let max = if retry { max_attempts } else { attempt };
+                (
+                    Move::Fail,
+                    after_failure(attempt, max, cancel_pending),
+                    Some(error),
+                )
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CancelOutcome {

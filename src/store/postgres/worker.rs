@@ -419,25 +419,9 @@ pub(super) async fn finish_in(
     let target: Option<String> = row.try_get("target")?;
     let fence: Option<i64> = row.try_get("lock_fence")?;
     let backoff_ms: i64 = row.try_get("backoff_ms")?;
-    let (to, error) = match outcome {
-        Outcome::Succeeded => (State::Succeeded, None),
-        Outcome::Cancelled => (State::Cancelled, None),
-        Outcome::Failed { error, retry: true } => (
-            job::after_failure(attempt, max_attempts, cancel_pending),
-            Some(clean(&error)),
-        ),
-        Outcome::Failed {
-            error,
-            retry: false,
-        } => {
-            let to = if cancel_pending {
-                State::Cancelled
-            } else {
-                State::Failed
-            };
-            (to, Some(clean(&error)))
-        }
-    };
+    let (mv, to, error) = outcome.decide(attempt, max_attempts, cancel_pending);
+    job::check(lease.id, State::Running, mv)?;
+    let error = error.as_deref().map(clean);
     if to == State::Queued {
         let base = Duration::from_millis(backoff_ms.max(0) as u64);
         let delay = job::backoff(base, attempt, rand::random::<f64>());

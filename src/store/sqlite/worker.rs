@@ -9,7 +9,7 @@ use sqlx::SqliteConnection;
 
 use super::SqliteStore;
 use super::rows::{self, event, job_cols, job_from_row, ms, now_ms};
-use crate::job::{self, Job, Move, State};
+use crate::job::{self, Job, State};
 use crate::store::{
     ClaimRequest, LeaseRef, Outcome, Renewal, Result, StartOutcome, StartSpec, StoreError,
     WorkerBeat,
@@ -442,26 +442,7 @@ pub(super) async fn finish_in(
     let backoff_ms: i64 = row.try_get("backoff_ms")?;
     let target: Option<String> = row.try_get("target")?;
     let fence: Option<i64> = row.try_get("lock_fence")?;
-    let (mv, to, error) = match outcome {
-        Outcome::Succeeded => (Move::Succeed, State::Succeeded, None),
-        Outcome::Cancelled => (Move::StopCancelled, State::Cancelled, None),
-        Outcome::Failed { error, retry: true } => (
-            Move::Fail,
-            job::after_failure(attempt, max_attempts, cancel_pending),
-            Some(error),
-        ),
-        Outcome::Failed {
-            error,
-            retry: false,
-        } => {
-            let to = if cancel_pending {
-                State::Cancelled
-            } else {
-                State::Failed
-            };
-            (Move::Fail, to, Some(error))
-        }
-    };
+    let (mv, to, error) = outcome.decide(attempt, max_attempts, cancel_pending);
     job::check(lease.id, State::Running, mv)?;
     let done = if to == State::Queued {
         let delay = job::backoff(
