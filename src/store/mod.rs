@@ -131,6 +131,14 @@ pub enum Outcome {
     Cancelled,
 }
 
+/// The detail of a start's event, the same on every backend.
+pub fn start_detail(attempt: i32, fence: Option<i64>) -> String {
+    match fence {
+        Some(f) => format!("attempt {attempt}, fence {f}"),
+        None => format!("attempt {attempt}"),
+    }
+}
+
 impl Outcome {
     /// The move and the state a running job takes for this outcome, by the
     /// rules of `job.rs` (a pending cancel beats a retry), and the error to

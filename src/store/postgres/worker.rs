@@ -377,10 +377,7 @@ pub(super) async fn start_in(
     .bind(ms(spec.backoff))
     .fetch_one(&mut *tx)
     .await?;
-    let detail = match fence {
-        Some(f) => format!("attempt {attempt}, fence {f}"),
-        None => format!("attempt {attempt}"),
-    };
+    let detail = crate::store::start_detail(attempt, fence);
     log_event(
         tx,
         lease.id,

@@ -141,7 +141,10 @@ async fn start_untargeted(
             },
             attempt,
         );
-        events.push(serde_json::json!([id, format!("attempt {attempt}")]));
+        events.push(serde_json::json!([
+            id,
+            crate::store::start_detail(attempt, None)
+        ]));
     }
     if !events.is_empty() {
         sqlx::query(

@@ -398,10 +398,7 @@ pub(super) async fn start_in(
     .bind(lease.token)
     .fetch_one(&mut *tx)
     .await?;
-    let detail = match fence {
-        Some(f) => format!("attempt {attempt}, fence {f}"),
-        None => format!("attempt {attempt}"),
-    };
+    let detail = crate::store::start_detail(attempt, fence);
     event(
         tx,
         lease.id,
