@@ -1,8 +1,8 @@
-//! Group commit: the slots' starts and finishes are queued here and written
-//! in one transaction per batch. A batch gathers requests for at most
-//! `WINDOW` while more are expected (other jobs of this node are in flight),
-//! so an idle engine adds no delay and a busy one pays one commit for many
-//! jobs.
+//! Group commit: the starts that did not happen with their claim (a lock
+//! was busy) are queued here and written in one transaction per batch. A
+//! batch gathers requests for at most `WINDOW` while more are expected
+//! (other jobs of this node are in flight), so an idle engine adds no delay
+//! and a busy one pays one commit for many jobs.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -43,7 +43,7 @@ where
     /// node holds): a batch that has them all is written at once.
     pub fn new<F, Fut, N>(in_flight: N, write: F) -> Self
     where
-        F: Fn(Arc<Vec<Req>>) -> Fut + Send + 'static,
+        F: Fn(Arc<Vec<Req>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Result<Resp>>>> + Send,
         N: Fn() -> usize + Send + 'static,
     {
@@ -75,15 +75,8 @@ where
                         }
                     }
                     Err(_) if replies.len() > 1 => {
-                        // One bad request must not fail its neighbours: write
-                        // each alone, so only the one at fault sees the error.
-                        for (req, reply) in Arc::unwrap_or_clone(reqs).into_iter().zip(replies) {
-                            let answer = match write(Arc::new(vec![req])).await {
-                                Ok(mut a) => a.pop().unwrap_or_else(|| {
-                                    Err(StoreError::Database("empty batch answer".into()))
-                                }),
-                                Err(e) => Err(e),
-                            };
+                        let answers = write_alone(&reqs, &write).await;
+                        for (reply, answer) in replies.into_iter().zip(answers) {
                             let _ = reply.send(answer);
                         }
                     }
@@ -107,4 +100,24 @@ where
         rx.await
             .map_err(|_| StoreError::Unreachable("the engine's writer has stopped".into()))?
     }
+}
+
+/// After a batch failed as a whole: write each request alone, so only the
+/// one at fault sees the error.
+pub async fn write_alone<Req, Resp, F, Fut>(reqs: &[Req], write: F) -> Vec<Result<Resp>>
+where
+    Req: Clone,
+    F: Fn(Arc<Vec<Req>>) -> Fut,
+    Fut: Future<Output = Result<Vec<Result<Resp>>>>,
+{
+    let mut answers = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        answers.push(match write(Arc::new(vec![req.clone()])).await {
+            Ok(mut a) => a
+                .pop()
+                .unwrap_or_else(|| Err(StoreError::Database("empty batch answer".into()))),
+            Err(e) => Err(e),
+        });
+    }
+    answers
 }

@@ -16,18 +16,25 @@ use super::steps::{self, StepContext};
 use crate::config::{LockBusyPolicy, Pipeline};
 use crate::engine::executor::{OutputTail, StepEnd, StopReason};
 use crate::job::Job;
-use crate::store::{LeaseRef, Outcome, StartOutcome, StartSpec, StoreError};
+use crate::store::{LeaseRef, Outcome, StartOutcome, StoreError};
 
 /// How long to wait between lock attempts under `on_lock_busy = "wait"`.
 const LOCK_RETRY: Duration = Duration::from_millis(250);
 /// Lock-busy requeue delay (DESIGN.md: 1 s ± jitter).
 const LOCK_BUSY_DELAY: Duration = Duration::from_secs(1);
 
-pub async fn run(ctx: Arc<Ctx>, job: Job, mut signals: UnboundedReceiver<JobSignal>) {
+/// `started` is `Some((attempt, fence))` when the cycle that claimed the
+/// job also started it.
+pub async fn run(
+    ctx: Arc<Ctx>,
+    job: Job,
+    started: Option<(i32, Option<i64>)>,
+    mut signals: UnboundedReceiver<JobSignal>,
+) {
     let id = job.id;
     if let Some(lease) = job.lease_ref() {
         match ctx.config.pipeline(&job.pipeline) {
-            Some(pipeline) => run_claimed(&ctx, &job, pipeline, lease, &mut signals).await,
+            Some(pipeline) => run_claimed(&ctx, &job, started, pipeline, lease, &mut signals).await,
             // Claims only take pipelines this node knows; a config reload
             // could still race, so give the job back rather than guess.
             None => {
@@ -41,19 +48,27 @@ pub async fn run(ctx: Arc<Ctx>, job: Job, mut signals: UnboundedReceiver<JobSign
             }
         }
     }
-    ctx.registry.remove(id);
+    // A finished job's slot was reused by the cycle that wrote its finish;
+    // any other end frees a slot the main loop has not seen yet.
+    if ctx.registry.remove(id) {
+        ctx.wake.notify_one();
+    }
     ctx.publish();
-    ctx.wake.notify_one();
 }
 
 async fn run_claimed(
     ctx: &Arc<Ctx>,
     job: &Job,
+    started: Option<(i32, Option<i64>)>,
     pipeline: &Pipeline,
     lease: LeaseRef,
     signals: &mut UnboundedReceiver<JobSignal>,
 ) {
-    let Some((attempt, fence)) = start(ctx, job, pipeline, lease, signals).await else {
+    let started = match started {
+        Some(s) => Some(s),
+        None => start(ctx, job, pipeline, lease, signals).await,
+    };
+    let Some((attempt, fence)) = started else {
         return;
     };
     let started = chrono::Utc::now();
@@ -180,7 +195,7 @@ async fn run_claimed(
     if tail.version() > 0 {
         let _ = ctx.store.save_output(lease, &tail.text()).await;
     }
-    let (r, _) = until_settled("finish job", || ctx.finishes.call((lease, outcome.clone()))).await;
+    let (r, _) = until_settled("finish job", || ctx.finishes.call(lease, outcome.clone())).await;
     match r {
         Ok(state) => tracing::debug!("job {} {state}", job.id),
         // After an interrupted write, "lost" may mean our own finish
@@ -197,11 +212,7 @@ async fn start(
     lease: LeaseRef,
     signals: &mut UnboundedReceiver<JobSignal>,
 ) -> Option<(i32, Option<i64>)> {
-    let spec = StartSpec {
-        lease: ctx.lease(),
-        on_stale: pipeline.on_stale,
-        backoff: pipeline.backoff,
-    };
+    let spec = super::runtime::start_spec(&ctx.config, pipeline);
     let waiting_since = tokio::time::Instant::now();
     loop {
         let (r, interrupted) = until_settled("start job", || ctx.starts.call((lease, spec))).await;

@@ -3,6 +3,7 @@
 //! through [`EngineHandle`]. The engine never knows the console exists.
 
 mod batch;
+mod cycle;
 pub mod executor;
 mod heartbeat;
 mod job_run;
@@ -88,10 +89,9 @@ pub fn start(store: Store, config: Arc<Config>, opts: EngineOptions) -> EngineHa
         ..EngineStatus::default()
     });
     let (control_tx, control_rx) = mpsc::unbounded_channel();
-    let ctx = Arc::new(runtime::Ctx::new(
-        store, config, opts, worker_id, slots, status_tx,
-    ));
-    tokio::spawn(runtime::run(ctx.clone(), control_rx));
+    let (ctx, finish_rx) = runtime::Ctx::new(store, config, opts, worker_id, slots, status_tx);
+    let ctx = Arc::new(ctx);
+    tokio::spawn(runtime::run(ctx.clone(), control_rx, finish_rx));
     EngineHandle {
         control: control_tx,
         status: status_rx,

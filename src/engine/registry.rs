@@ -64,8 +64,9 @@ impl Registry {
         rx
     }
 
-    pub fn remove(&self, id: i64) {
-        self.with(|m| m.remove(&id));
+    /// Forget job `id`; false when it was already gone.
+    pub fn remove(&self, id: i64) -> bool {
+        self.with(|m| m.remove(&id).is_some())
     }
 
     pub fn len(&self) -> usize {

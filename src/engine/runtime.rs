@@ -11,12 +11,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::Batcher;
+use super::cycle::{self, FinishQueue, FinishReceiver};
 use super::registry::{JobSignal, Registry};
 use super::retry::Backoff;
 use super::{Control, EngineOptions, EngineStatus, heartbeat, job_run, notices, reaper, scheduler};
 use crate::config::Config;
-use crate::job::State;
-use crate::store::{ClaimRequest, LeaseRef, Outcome, StartOutcome, StartSpec, Store, WorkerBeat};
+use crate::store::{ClaimRequest, LeaseRef, StartOutcome, StartSpec, Store, WorkerBeat};
 
 /// What every part of a running engine shares.
 #[derive(Debug)]
@@ -27,9 +27,11 @@ pub struct Ctx {
     pub worker_id: String,
     pub registry: Arc<Registry>,
     pub wake: Arc<Notify>,
-    /// Starts and finishes of this node's slots, group-committed.
+    /// Starts that did not happen with their claim, group-committed.
     pub starts: Batcher<(LeaseRef, StartSpec), StartOutcome>,
-    pub finishes: Batcher<(LeaseRef, Outcome), State>,
+    /// Finishes, written by the main loop's next cycle.
+    pub finishes: FinishQueue,
+    specs: Vec<(String, StartSpec)>,
     status: watch::Sender<EngineStatus>,
     paused: AtomicBool,
     slots: std::sync::atomic::AtomicUsize,
@@ -43,7 +45,7 @@ impl Ctx {
         worker_id: String,
         slots: usize,
         status: watch::Sender<EngineStatus>,
-    ) -> Self {
+    ) -> (Self, FinishReceiver) {
         let registry = Arc::new(Registry::default());
         let in_flight = |r: &Arc<Registry>| {
             let r = r.clone();
@@ -59,19 +61,16 @@ impl Ctx {
                 },
             )
         };
-        let finishes = {
-            let (store, worker) = (store.clone(), worker_id.clone());
-            Batcher::new(
-                in_flight(&registry),
-                move |items: Arc<Vec<(LeaseRef, Outcome)>>| {
-                    let (store, worker) = (store.clone(), worker.clone());
-                    async move { store.finish_many(&items, &worker).await }
-                },
-            )
-        };
-        Ctx {
+        let (finishes, finish_rx) = FinishQueue::new();
+        let specs = config
+            .pipelines
+            .iter()
+            .map(|p| (p.name.clone(), start_spec(&config, p)))
+            .collect();
+        let ctx = Ctx {
             starts,
             finishes,
+            specs,
             store,
             config,
             opts,
@@ -81,7 +80,13 @@ impl Ctx {
             status,
             paused: AtomicBool::new(false),
             slots: slots.into(),
-        }
+        };
+        (ctx, finish_rx)
+    }
+
+    /// What each pipeline's jobs get stamped with when they start, by name.
+    pub fn start_specs(&self) -> Vec<(String, StartSpec)> {
+        self.specs.clone()
     }
 
     pub fn lease(&self) -> Duration {
@@ -129,7 +134,20 @@ impl Ctx {
     }
 }
 
-pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
+/// What a pipeline's jobs get stamped with when they start.
+pub fn start_spec(config: &Config, pipeline: &crate::config::Pipeline) -> StartSpec {
+    StartSpec {
+        lease: config.workers.lease,
+        on_stale: pipeline.on_stale,
+        backoff: pipeline.backoff,
+    }
+}
+
+pub async fn run(
+    ctx: Arc<Ctx>,
+    mut control: mpsc::UnboundedReceiver<Control>,
+    mut finish_rx: FinishReceiver,
+) {
     let background = CancellationToken::new();
     let mut loops = JoinSet::new();
     loops.spawn(heartbeat::run(ctx.clone(), background.clone()));
@@ -143,19 +161,35 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
     let mut backoff = Backoff::default();
     let mut drain_deadline: Option<tokio::time::Instant> = None;
     let mut shutdown_sent = false;
+    let mut finishes = Vec::new();
+    // A claim runs with every cycle that writes finishes, and otherwise
+    // only when there may be new work: at start, on a wake-up (new job,
+    // freed slot), at each poll, and while claims come back full.
+    let mut claim_due = true;
     loop {
-        // Jobs of one finish batch end together: reap all that are done so
-        // the next claim fills every free slot in one statement.
-        tokio::task::yield_now().await;
         while jobs.try_join_next().is_some() {}
+        cycle::gather(&ctx, &mut finish_rx, &mut finishes).await;
         let claiming = !ctx.paused.load(Ordering::Relaxed) && drain_deadline.is_none();
         let mut batch_full = false;
-        if claiming {
-            gather_free_slots(&ctx, &mut jobs).await;
-            match claim(&ctx, &mut jobs).await {
-                Ok(full) => {
-                    batch_full = full;
+        let claim = if claiming && (claim_due || !finishes.is_empty()) {
+            claim_request(&ctx, finishes.len())
+        } else {
+            None
+        };
+        if claim.is_some() || !finishes.is_empty() {
+            let limit = claim.as_ref().map_or(0, |c| c.limit);
+            match cycle::write(&ctx, std::mem::take(&mut finishes), claim).await {
+                Ok(claimed) => {
+                    ctx.database_error(None);
+                    batch_full = limit > 0 && claimed.len() == limit;
                     backoff.reset();
+                    for c in claimed {
+                        let Some(lease) = c.job.lease_ref() else {
+                            continue;
+                        };
+                        let signals = ctx.registry.add(lease);
+                        jobs.spawn(job_run::run(ctx.clone(), c.job, c.started, signals));
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("claim: {e}; retrying");
@@ -165,6 +199,7 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
                 }
             }
         }
+        claim_due = batch_full;
         ctx.publish();
         if drain_deadline.is_some() && jobs.is_empty() {
             break;
@@ -175,7 +210,7 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
             ctx.config.workers.poll
         };
         tokio::select! {
-            c = control.recv() => match c {
+            c = control.recv() => { claim_due = true; match c {
                 Some(Control::Pause(p)) => ctx.paused.store(p, Ordering::Relaxed),
                 Some(Control::SetSlots(n)) => ctx.slots.store(n, Ordering::Relaxed),
                 Some(Control::Drain(grace)) if drain_deadline.is_none() => {
@@ -194,10 +229,11 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
                     ctx.registry.signal_all(JobSignal::Shutdown);
                     shutdown_sent = true;
                 }
-            },
+            }},
+            Some(f) = finish_rx.recv() => finishes.push(f),
             Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
-            _ = ctx.wake.notified(), if claiming => {}
-            _ = tokio::time::sleep(poll), if claiming => {}
+            _ = ctx.wake.notified(), if claiming => claim_due = true,
+            _ = tokio::time::sleep(poll), if claiming => claim_due = true,
             _ = sleep_until(drain_deadline), if drain_deadline.is_some() && !shutdown_sent => {
                 tracing::info!("drain grace over: stopping running jobs");
                 ctx.registry.signal_all(JobSignal::Shutdown);
@@ -225,25 +261,6 @@ pub async fn run(ctx: Arc<Ctx>, mut control: mpsc::UnboundedReceiver<Control>) {
     tracing::info!("engine stopped");
 }
 
-/// While fewer than half the slots are free and jobs are finishing, wait
-/// up to `CLAIM_GATHER` for more to finish, so that one claim (and the
-/// start batch after it) covers several slots instead of one each.
-async fn gather_free_slots(ctx: &Ctx, jobs: &mut JoinSet<()>) {
-    const CLAIM_GATHER: Duration = Duration::from_millis(2);
-    let slots = ctx.slots.load(Ordering::Relaxed);
-    let deadline = tokio::time::Instant::now() + CLAIM_GATHER;
-    loop {
-        let free = slots.saturating_sub(ctx.registry.len());
-        if free == 0 || free * 2 >= slots || jobs.is_empty() {
-            return;
-        }
-        match tokio::time::timeout_at(deadline, jobs.join_next()).await {
-            Ok(Some(_)) => while jobs.try_join_next().is_some() {},
-            _ => return,
-        }
-    }
-}
-
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -251,28 +268,19 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Claim into the free slots; true when the batch filled them (more may wait).
-async fn claim(ctx: &Arc<Ctx>, jobs: &mut JoinSet<()>) -> crate::store::Result<bool> {
+/// The claim for this cycle: the free slots, counting those of the jobs
+/// whose finishes the cycle writes. `None` when there is nothing to claim.
+fn claim_request(ctx: &Ctx, finishing: usize) -> Option<ClaimRequest> {
     let slots = ctx.slots.load(Ordering::Relaxed);
-    let free = slots.saturating_sub(ctx.registry.len());
+    let held = ctx.registry.len().saturating_sub(finishing);
+    let free = slots.saturating_sub(held);
     if free == 0 || ctx.config.pipelines.is_empty() {
-        return Ok(false);
+        return None;
     }
-    let req = ClaimRequest {
+    Some(ClaimRequest {
         worker: ctx.worker_id.clone(),
         pipelines: ctx.config.pipeline_names(),
         limit: free,
         lease: ctx.lease(),
-    };
-    let claimed = ctx.store.claim(&req).await?;
-    ctx.database_error(None);
-    let full = claimed.len() == free;
-    for job in claimed {
-        let Some(lease) = job.lease_ref() else {
-            continue;
-        };
-        let signals = ctx.registry.add(lease);
-        jobs.spawn(job_run::run(ctx.clone(), job, signals));
-    }
-    Ok(full)
+    })
 }

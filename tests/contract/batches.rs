@@ -2,7 +2,7 @@
 //! would get alone, and a lost lease in the batch spoils nothing else.
 
 use jobdeck::job::{StalePolicy, State};
-use jobdeck::store::{LeaseRef, Outcome, StartOutcome};
+use jobdeck::store::{CycleRequest, LeaseRef, Outcome, StartOutcome, StoreError};
 
 use crate::common::*;
 
@@ -122,4 +122,93 @@ contract_test!(finish_many_answers_per_job, |store| async move {
     let retried = store.get_job(c.id).await.unwrap();
     assert_eq!(retried.last_error.as_deref(), Some("boom"));
     assert!(retried.lease_token.is_none());
+});
+
+contract_test!(cycle_finishes_then_claims_and_starts_in_one_commit, |store| async move {
+    let sp = spec(LONG, StalePolicy::Release);
+    let (holder, fence) = running_job(&store, "w-1", "p", Some("t"), sp).await;
+    assert_eq!(fence, Some(1));
+    let (other, _) = running_job(&store, "w-1", "p", None, sp).await;
+    // Blocked by the holder's lock until the cycle's finish frees it.
+    let same_target = enqueue(&store, "p", Some("t")).await;
+    let untargeted = enqueue(&store, "p", None).await;
+    // A pipeline without a spec: claimed, left leased.
+    let unstarted = enqueue(&store, "q", None).await;
+    let lost = LeaseRef {
+        id: other.id,
+        token: other.token.wrapping_add(1),
+    };
+    let req = CycleRequest {
+        finishes: vec![(holder, Outcome::Succeeded), (lost, Outcome::Succeeded)],
+        claim: Some(claim_req("w-1", &["p", "q"], 10, LONG)),
+        specs: vec![("p".into(), sp)],
+    };
+    let out = store.cycle(&req, "w-1").await.unwrap();
+    assert_eq!(out.finished.len(), 2);
+    assert_eq!(out.finished[0].as_ref().unwrap(), &State::Succeeded);
+    assert!(matches!(out.finished[1], Err(StoreError::LeaseLost(id)) if id == other.id));
+    assert_eq!(
+        store.get_job(other.id).await.unwrap().state,
+        State::Running,
+        "a lost finish writes nothing"
+    );
+    let started = |id: i64| {
+        out.claimed
+            .iter()
+            .find(|c| c.job.id == id)
+            .unwrap_or_else(|| panic!("job {id} not claimed: {:?}", out.claimed))
+            .started
+    };
+    assert_eq!(out.claimed.len(), 3);
+    assert_eq!(started(same_target), Some((1, Some(2))), "fence grows");
+    assert_eq!(started(untargeted), Some((1, None)));
+    assert_eq!(started(unstarted), None);
+    let job = store.get_job(same_target).await.unwrap();
+    assert_eq!(
+        (job.state, job.attempt, job.lock_fence, job.on_stale),
+        (State::Running, 1, Some(2), StalePolicy::Release)
+    );
+    assert_eq!(store.get_job(unstarted).await.unwrap().state, State::Leased);
+    let locks = store.list_locks().await.unwrap();
+    assert_eq!(locks.len(), 1);
+    assert_eq!(locks[0].job_id, same_target);
+    let moves: Vec<_> = store
+        .job_events(same_target)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (e.from, e.to, e.detail.clone()))
+        .collect();
+    assert_eq!(
+        &moves[moves.len() - 2..],
+        &[
+            (Some(State::Queued), State::Leased, String::new()),
+            (
+                Some(State::Leased),
+                State::Running,
+                "attempt 1, fence 2".to_string()
+            ),
+        ]
+    );
+});
+
+contract_test!(cycle_without_claim_only_finishes, |store| async move {
+    let sp = spec(LONG, StalePolicy::Hold);
+    let (a, _) = running_job(&store, "w-1", "p", None, sp).await;
+    let queued = enqueue(&store, "p", None).await;
+    let req = CycleRequest {
+        finishes: vec![(
+            a,
+            Outcome::Failed {
+                error: "boom".into(),
+                retry: false,
+            },
+        )],
+        claim: None,
+        specs: vec![("p".into(), sp)],
+    };
+    let out = store.cycle(&req, "w-1").await.unwrap();
+    assert_eq!(out.finished[0].as_ref().unwrap(), &State::Failed);
+    assert!(out.claimed.is_empty());
+    assert_eq!(store.get_job(queued).await.unwrap().state, State::Queued);
 });

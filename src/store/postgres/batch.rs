@@ -1,21 +1,22 @@
-//! Group commit: many starts or finishes in one transaction. Jobs without a
-//! target start, and successes finish, in set-based statements; everything
-//! else goes through the per-job path of `worker.rs` inside the same
-//! transaction, each write all or nothing.
+//! Group commit: many starts or finishes in one transaction, and the
+//! engine's cycle (finish, claim, start in one commit). Starts, with or
+//! without a target, and successes finish in set-based statements;
+//! everything else goes through the per-job path of `worker.rs` inside the
+//! same transaction, each write all or nothing.
 
 use std::collections::HashMap;
 
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
-use super::worker::{finish_in, start_in};
+use super::worker::{claim_in, finish_in, start_in};
 use super::{PgStore, ms};
 use crate::job::{self, State};
-use crate::store::{LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError};
+use crate::store::{
+    CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError,
+};
 
 impl PgStore {
-    /// One transaction, one commit, for a batch of starts (each all or
-    /// nothing). Lock rows are taken in target order so that two workers'
-    /// batches cannot deadlock on each other's targets.
+    /// One transaction, one commit, for a batch of starts.
     pub(super) async fn start_many_jobs(
         &self,
         items: &[(LeaseRef, StartSpec)],
@@ -23,110 +24,205 @@ impl PgStore {
     ) -> Result<Vec<Result<StartOutcome>>> {
         let mut tx = self.pool.begin().await?;
         lock_in_id_order(&mut tx, items.iter().map(|(l, _)| l.id)).await?;
-        // Jobs without a target need no lock: each group of one spec starts
-        // in one statement (the statement itself skips targeted jobs).
-        let mut started = HashMap::new();
-        let mut specs: Vec<StartSpec> = Vec::new();
-        for (_, spec) in items {
-            if !specs.contains(spec) {
-                specs.push(*spec);
-            }
-        }
-        for spec in &specs {
-            let leases: Vec<LeaseRef> = items
-                .iter()
-                .filter(|(_, s)| s == spec)
-                .map(|(l, _)| *l)
-                .collect();
-            started.extend(start_untargeted(&mut tx, &leases, spec, worker).await?);
-        }
-        // What is left (targets, lost leases) goes one by one through the
-        // full start, in target order.
-        let rest: Vec<usize> = (0..items.len())
-            .filter(|i| !started.contains_key(&items[*i].0))
-            .collect();
-        let targets = self.targets_of(rest.iter().map(|i| items[*i].0.id)).await?;
-        let mut order = rest;
-        order.sort_by(|a, b| {
-            targets
-                .get(&items[*a].0.id)
-                .cmp(&targets.get(&items[*b].0.id))
-        });
-        let mut out: Vec<Option<Result<StartOutcome>>> = items
-            .iter()
-            .map(|(lease, _)| {
-                started.get(lease).map(|attempt| {
-                    Ok(StartOutcome::Started {
-                        attempt: *attempt,
-                        fence: None,
-                    })
-                })
-            })
-            .collect();
-        for i in order {
-            let (lease, spec) = &items[i];
-            out[i] = Some(match start_in(&mut tx, *lease, spec, worker).await {
-                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
-                other => other,
-            });
-        }
+        let out = start_batch_in(&mut tx, items, worker).await?;
         tx.commit().await?;
-        Ok(out.into_iter().flatten().collect())
+        Ok(out)
     }
 
-    /// Targets of the given jobs (jobs without one are absent).
-    async fn targets_of(&self, ids: impl Iterator<Item = i64>) -> Result<HashMap<i64, String>> {
-        let ids: Vec<i64> = ids.collect();
-        if ids.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let rows =
-            sqlx::query("SELECT id, target FROM jobs WHERE id = ANY($1) AND target IS NOT NULL")
-                .bind(&ids)
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter()
-            .map(|r| Ok((r.try_get("id")?, r.try_get("target")?)))
-            .collect()
-    }
-
-    /// One transaction, one commit, for a batch of finishes (each all or
-    /// nothing). Each job's lock row is its own: no ordering needed.
+    /// One transaction, one commit, for a batch of finishes.
     pub(super) async fn finish_many_jobs(
         &self,
         items: &[(LeaseRef, Outcome)],
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         let mut tx = self.pool.begin().await?;
-        lock_in_id_order(&mut tx, items.iter().map(|(l, _)| l.id)).await?;
-        // Successes, the bulk of any batch, take one statement together;
-        // the rest go one by one through the full decision.
-        let succeeded: Vec<LeaseRef> = items
-            .iter()
-            .filter(|(_, o)| *o == Outcome::Succeeded)
-            .map(|(l, _)| *l)
-            .collect();
-        let done = succeed_all(&mut tx, &succeeded, actor).await?;
-        let mut out = Vec::with_capacity(items.len());
-        for (lease, outcome) in items {
-            out.push(if *outcome == Outcome::Succeeded {
-                if done.contains(lease) {
-                    Ok(State::Succeeded)
-                } else {
-                    Err(StoreError::LeaseLost(lease.id))
-                }
-            } else {
-                match finish_in(&mut tx, *lease, outcome.clone(), actor).await {
-                    Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
-                        return Err(e);
-                    }
-                    other => other,
-                }
-            });
-        }
+        let out = finish_batch_in(&mut tx, items, actor).await?;
         tx.commit().await?;
         Ok(out)
     }
+
+    /// Finish, claim and start in one transaction: the claim sees the
+    /// slots and locks the finishes just freed. The claimed rows stay
+    /// locked by this transaction until it commits, so their starts need
+    /// no further row locks.
+    pub(super) async fn cycle_jobs(
+        &self,
+        req: &CycleRequest,
+        worker: &str,
+    ) -> Result<CycleOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let finished = finish_batch_in(&mut tx, &req.finishes, worker).await?;
+        let jobs = match &req.claim {
+            Some(claim) => claim_in(&mut tx, claim).await?,
+            None => Vec::new(),
+        };
+        let (startable, starts) = crate::store::startable(&jobs, &req.specs);
+        let answers = start_batch_in(&mut tx, &starts, worker).await?;
+        tx.commit().await?;
+        Ok(CycleOutcome {
+            finished,
+            claimed: crate::store::pair_starts(jobs, startable, answers),
+        })
+    }
+}
+
+/// Start a batch of leased jobs whose rows this transaction has locked,
+/// each start all or nothing. Jobs without a target start in one statement
+/// per spec, jobs with one take their locks in one statement per spec (in
+/// target order, so two workers' batches cannot deadlock); what is left
+/// (a busy lock, a lost lease) goes through the full per-job start, which
+/// names the holder.
+async fn start_batch_in(
+    tx: &mut PgConnection,
+    items: &[(LeaseRef, StartSpec)],
+    worker: &str,
+) -> Result<Vec<Result<StartOutcome>>> {
+    let mut started: HashMap<LeaseRef, (i32, Option<i64>)> = HashMap::new();
+    let mut specs: Vec<StartSpec> = Vec::new();
+    for (_, spec) in items {
+        if !specs.contains(spec) {
+            specs.push(*spec);
+        }
+    }
+    for spec in &specs {
+        let leases: Vec<LeaseRef> = items
+            .iter()
+            .filter(|(_, s)| s == spec)
+            .map(|(l, _)| *l)
+            .collect();
+        let untargeted = start_untargeted(tx, &leases, spec, worker).await?;
+        started.extend(untargeted.into_iter().map(|(l, a)| (l, (a, None))));
+        let rest: Vec<LeaseRef> = leases
+            .into_iter()
+            .filter(|l| !started.contains_key(l))
+            .collect();
+        started.extend(start_targeted(tx, &rest, spec, worker).await?);
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (lease, spec) in items {
+        out.push(match started.get(lease) {
+            Some((attempt, fence)) => Ok(StartOutcome::Started {
+                attempt: *attempt,
+                fence: *fence,
+            }),
+            None => match start_in(tx, *lease, spec, worker).await {
+                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
+                other => other,
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// Finish a batch, each finish all or nothing. Successes, the bulk of any
+/// batch, take one statement together; the rest go one by one through the
+/// full decision. Each job's lock row is its own: no ordering needed.
+async fn finish_batch_in(
+    tx: &mut PgConnection,
+    items: &[(LeaseRef, Outcome)],
+    actor: &str,
+) -> Result<Vec<Result<State>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    lock_in_id_order(tx, items.iter().map(|(l, _)| l.id)).await?;
+    let succeeded: Vec<LeaseRef> = items
+        .iter()
+        .filter(|(_, o)| *o == Outcome::Succeeded)
+        .map(|(l, _)| *l)
+        .collect();
+    let done = succeed_all(tx, &succeeded, actor).await?;
+    let mut out = Vec::with_capacity(items.len());
+    for (lease, outcome) in items {
+        out.push(if *outcome == Outcome::Succeeded {
+            if done.contains(lease) {
+                Ok(State::Succeeded)
+            } else {
+                Err(StoreError::LeaseLost(lease.id))
+            }
+        } else {
+            match finish_in(tx, *lease, outcome.clone(), actor).await {
+                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
+                    return Err(e);
+                }
+                other => other,
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// Start every listed leased job that has a target whose lock is free, in
+/// one statement: take the locks (fence + 1), write `running` with the
+/// fence, count the attempt; then record the events. Only jobs still
+/// leased under the listed token take a lock, one job per target; the
+/// others are left untouched. The caller holds the job rows' locks, so
+/// the statement's view of them cannot change under it.
+async fn start_targeted(
+    tx: &mut PgConnection,
+    leases: &[LeaseRef],
+    spec: &StartSpec,
+    worker: &str,
+) -> Result<HashMap<LeaseRef, (i32, Option<i64>)>> {
+    if leases.is_empty() {
+        return Ok(HashMap::new());
+    }
+    job::check(leases[0].id, State::Leased, job::Move::Start)?;
+    let ids: Vec<i64> = leases.iter().map(|l| l.id).collect();
+    let tokens: Vec<i64> = leases.iter().map(|l| l.token).collect();
+    let rows: Vec<(i64, i64, i32, i64)> = sqlx::query_as(
+        "WITH wanted AS ( \
+             SELECT DISTINCT ON (j.target) j.id, j.target FROM jobs j \
+             JOIN unnest($1::bigint[], $2::bigint[]) AS t(id, token) \
+               ON j.id = t.id AND j.lease_token = t.token \
+             WHERE j.state = 'leased' AND j.target IS NOT NULL \
+             ORDER BY j.target, j.id \
+         ), taken AS ( \
+             INSERT INTO locks AS l (target, fence, holder_job, holder_worker, acquired_at, expires_at) \
+             SELECT target, 1, id, $3, now(), now() + $4 * interval '1 millisecond' \
+             FROM wanted ORDER BY target \
+             ON CONFLICT (target) DO UPDATE SET fence = l.fence + 1, \
+                 holder_job = EXCLUDED.holder_job, holder_worker = EXCLUDED.holder_worker, \
+                 acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at \
+             WHERE l.holder_job IS NULL \
+             RETURNING l.fence, l.holder_job \
+         ) \
+         UPDATE jobs SET state = 'running', attempt = attempt + 1, \
+             lease_expires_at = now() + $4 * interval '1 millisecond', started_at = now(), \
+             lock_fence = taken.fence, on_stale = $5, backoff_ms = $6 \
+         FROM taken WHERE jobs.id = taken.holder_job \
+         RETURNING jobs.id, jobs.lease_token, jobs.attempt, jobs.lock_fence",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(worker)
+    .bind(ms(spec.lease))
+    .bind(spec.on_stale.as_str())
+    .bind(ms(spec.backoff))
+    .fetch_all(&mut *tx)
+    .await?;
+    if rows.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut event_ids = Vec::with_capacity(rows.len());
+    let mut details = Vec::with_capacity(rows.len());
+    let mut started = HashMap::with_capacity(rows.len());
+    for (id, token, attempt, fence) in rows {
+        event_ids.push(id);
+        details.push(crate::store::start_detail(attempt, Some(fence)));
+        started.insert(LeaseRef { id, token }, (attempt, Some(fence)));
+    }
+    sqlx::query(
+        "INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+         SELECT id, 'leased', 'running', $3, detail \
+         FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS e(id, detail, n) ORDER BY n",
+    )
+    .bind(&event_ids)
+    .bind(&details)
+    .bind(worker)
+    .execute(&mut *tx)
+    .await?;
+    Ok(started)
 }
 
 /// Start every listed leased job that has no target (no lock to take) in

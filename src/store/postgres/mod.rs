@@ -17,10 +17,10 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use super::{
-    Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, Enqueued, ExpireReport,
-    FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob, NoticeStream, Outcome, Renewal,
-    Result, ScheduleDef, ScheduleInfo, StartOutcome, StartSpec, StoreError, WorkerBeat, WorkerInfo,
-    redact_url,
+    Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
+    Enqueued, ExpireReport, FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob,
+    NoticeStream, Outcome, Renewal, Result, ScheduleDef, ScheduleInfo, StartOutcome, StartSpec,
+    StoreError, WorkerBeat, WorkerInfo, redact_url,
 };
 use crate::job::{Event, Job, State};
 
@@ -226,6 +226,10 @@ impl Backend for PgStore {
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         self.finish_many_jobs(items, actor).await
+    }
+
+    async fn cycle(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome> {
+        self.cycle_jobs(req, worker).await
     }
 
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {

@@ -21,54 +21,8 @@ pub(super) fn clean(s: &str) -> String {
 
 impl PgStore {
     pub(super) async fn claim_jobs(&self, req: &ClaimRequest) -> Result<Vec<Job>> {
-        if req.limit == 0 || req.pipelines.is_empty() {
-            return Ok(Vec::new());
-        }
-        let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
-        // Lock a bounded window of candidates from the claim index, skipping
-        // rows other claimers hold, then keep the first job per target. The
-        // window is small because every row in it is locked (a tuple write):
-        // twice the request leaves room for a few same-target duplicates.
-        let rows = sqlx::query(concat!(
-            "WITH candidates AS ( \
-                 SELECT j.id, j.target, j.priority, j.due_at FROM jobs j \
-                 WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY($1) \
-                   AND (j.target IS NULL OR ( \
-                     NOT EXISTS (SELECT 1 FROM locks l \
-                                 WHERE l.target = j.target AND l.holder_job IS NOT NULL) \
-                     AND NOT EXISTS (SELECT 1 FROM jobs o \
-                                     WHERE o.target = j.target AND o.state = 'leased'))) \
-                 ORDER BY j.priority DESC, j.due_at, j.id \
-                 LIMIT $2 \
-                 FOR UPDATE OF j SKIP LOCKED \
-             ), ranked AS ( \
-                 SELECT c.id, c.target, c.priority, c.due_at, row_number() OVER ( \
-                     PARTITION BY c.target ORDER BY c.priority DESC, c.due_at, c.id) AS nth \
-                 FROM candidates c \
-             ), picked AS ( \
-                 SELECT id AS pick_id FROM ranked WHERE nth = 1 OR target IS NULL \
-                 ORDER BY priority DESC, due_at, id LIMIT $3 \
-             ), claimed AS ( \
-                 UPDATE jobs SET state = 'leased', lease_owner = $4, \
-                     lease_token = nextval('lease_tokens'), \
-                     lease_expires_at = now() + $5 * interval '1 millisecond' \
-                 FROM picked WHERE jobs.id = picked.pick_id \
-                 RETURNING ",
-            job_cols!(),
-            " ), logged AS ( \
-                 INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
-                 SELECT id, 'queued', 'leased', $4, '' FROM claimed \
-             ) \
-             SELECT * FROM claimed ORDER BY priority DESC, due_at, id"
-        ))
-        .bind(&req.pipelines)
-        .bind(limit.saturating_mul(2).saturating_add(2))
-        .bind(limit)
-        .bind(&req.worker)
-        .bind(ms(req.lease))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(rows::job).collect()
+        let mut conn = self.pool.acquire().await?;
+        claim_in(&mut conn, req).await
     }
 
     pub(super) async fn start_job(
@@ -301,6 +255,59 @@ impl PgStore {
         tx.commit().await?;
         Ok(to)
     }
+}
+
+/// The claim statement (with its events), on the caller's connection or
+/// inside its transaction.
+pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Result<Vec<Job>> {
+    if req.limit == 0 || req.pipelines.is_empty() {
+        return Ok(Vec::new());
+    }
+    let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+    // Lock a bounded window of candidates from the claim index, skipping
+    // rows other claimers hold, then keep the first job per target. The
+    // window is small because every row in it is locked (a tuple write):
+    // twice the request leaves room for a few same-target duplicates.
+    let rows = sqlx::query(concat!(
+        "WITH candidates AS ( \
+             SELECT j.id, j.target, j.priority, j.due_at FROM jobs j \
+             WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY($1) \
+               AND (j.target IS NULL OR ( \
+                 NOT EXISTS (SELECT 1 FROM locks l \
+                             WHERE l.target = j.target AND l.holder_job IS NOT NULL) \
+                 AND NOT EXISTS (SELECT 1 FROM jobs o \
+                                 WHERE o.target = j.target AND o.state = 'leased'))) \
+             ORDER BY j.priority DESC, j.due_at, j.id \
+             LIMIT $2 \
+             FOR UPDATE OF j SKIP LOCKED \
+         ), ranked AS ( \
+             SELECT c.id, c.target, c.priority, c.due_at, row_number() OVER ( \
+                 PARTITION BY c.target ORDER BY c.priority DESC, c.due_at, c.id) AS nth \
+             FROM candidates c \
+         ), picked AS ( \
+             SELECT id AS pick_id FROM ranked WHERE nth = 1 OR target IS NULL \
+             ORDER BY priority DESC, due_at, id LIMIT $3 \
+         ), claimed AS ( \
+             UPDATE jobs SET state = 'leased', lease_owner = $4, \
+                 lease_token = nextval('lease_tokens'), \
+                 lease_expires_at = now() + $5 * interval '1 millisecond' \
+             FROM picked WHERE jobs.id = picked.pick_id \
+             RETURNING ",
+        job_cols!(),
+        " ), logged AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT id, 'queued', 'leased', $4, '' FROM claimed \
+         ) \
+         SELECT * FROM claimed ORDER BY priority DESC, due_at, id"
+    ))
+    .bind(&req.pipelines)
+    .bind(limit.saturating_mul(2).saturating_add(2))
+    .bind(limit)
+    .bind(&req.worker)
+    .bind(ms(req.lease))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(rows::job).collect()
 }
 
 /// Take the lock (if the job has a target), count the attempt, write

@@ -1,101 +1,141 @@
-//! Group commit: many starts or finishes in one transaction. Jobs without a
+//! Group commit: many starts or finishes in one transaction, and the
+//! engine's cycle (finish, claim, start in one commit). Jobs without a
 //! target start, and successes finish, in set-based statements; everything
 //! else goes through the per-job path of `worker.rs` inside the same
-//! transaction, each write all or nothing.
+//! transaction, each write all or nothing (one SQLite writer makes the
+//! per-job path cheap: no round trips over a network).
 
 use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
 use super::rows::{ms, now_ms};
-use super::worker::{finish_in, start_in};
+use super::worker::{claim_in, finish_in, start_in};
 use crate::job::{self, Move, State};
-use crate::store::{LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError};
+use crate::store::{
+    CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError,
+};
 
 impl SqliteStore {
-    /// One transaction, one commit, for a batch of starts. Each start
-    /// writes all or nothing, so one job's lost lease or busy lock leaves
-    /// the others' answers intact.
+    /// One transaction, one commit, for a batch of starts.
     pub(super) async fn do_start_many(
         &self,
         items: &[(LeaseRef, StartSpec)],
         worker: &str,
     ) -> Result<Vec<Result<StartOutcome>>> {
         let mut tx = self.begin().await?;
-        let now = now_ms();
-        // Jobs without a target need no lock: each group of one spec starts
-        // in two statements. What is left (targets, lost leases) goes one
-        // by one through the full start.
-        let mut started = std::collections::HashMap::new();
-        let mut specs: Vec<StartSpec> = Vec::new();
-        for (_, spec) in items {
-            if !specs.contains(spec) {
-                specs.push(*spec);
-            }
-        }
-        for spec in &specs {
-            let leases: Vec<LeaseRef> = items
-                .iter()
-                .filter(|(_, s)| s == spec)
-                .map(|(l, _)| *l)
-                .collect();
-            started.extend(start_untargeted(&mut tx, now, &leases, spec, worker).await?);
-        }
-        let mut out = Vec::with_capacity(items.len());
-        for (lease, spec) in items {
-            out.push(match started.get(lease) {
-                Some(attempt) => Ok(StartOutcome::Started {
-                    attempt: *attempt,
-                    fence: None,
-                }),
-                None => match start_in(&mut tx, now, *lease, spec, worker).await {
-                    Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
-                        return Err(e);
-                    }
-                    other => other,
-                },
-            });
-        }
+        let out = start_batch_in(&mut tx, now_ms(), items, worker).await?;
         tx.commit().await?;
         Ok(out)
     }
 
-    /// One transaction, one commit, for a batch of finishes (each all or
-    /// nothing, as in [`Self::do_start_many`]).
+    /// One transaction, one commit, for a batch of finishes.
     pub(super) async fn do_finish_many(
         &self,
         items: &[(LeaseRef, Outcome)],
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         let mut tx = self.begin().await?;
-        let now = now_ms();
-        // Successes, the bulk of any batch, take three statements together;
-        // the rest go one by one through the full decision.
-        let succeeded: Vec<LeaseRef> = items
-            .iter()
-            .filter(|(_, o)| *o == Outcome::Succeeded)
-            .map(|(l, _)| *l)
-            .collect();
-        let done = succeed_all(&mut tx, now, &succeeded, actor).await?;
-        let mut out = Vec::with_capacity(items.len());
-        for (lease, outcome) in items {
-            out.push(if *outcome == Outcome::Succeeded {
-                if done.contains(lease) {
-                    Ok(State::Succeeded)
-                } else {
-                    Err(StoreError::LeaseLost(lease.id))
-                }
-            } else {
-                match finish_in(&mut tx, now, *lease, outcome.clone(), actor).await {
-                    Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
-                        return Err(e);
-                    }
-                    other => other,
-                }
-            });
-        }
+        let out = finish_batch_in(&mut tx, now_ms(), items, actor).await?;
         tx.commit().await?;
         Ok(out)
     }
+
+    /// Finish, claim and start in one transaction: the claim sees the
+    /// slots and locks the finishes just freed.
+    pub(super) async fn do_cycle(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome> {
+        let mut tx = self.begin().await?;
+        let now = now_ms();
+        let finished = finish_batch_in(&mut tx, now, &req.finishes, worker).await?;
+        let jobs = match &req.claim {
+            Some(claim) => claim_in(&mut tx, now, claim).await?,
+            None => Vec::new(),
+        };
+        let (startable, starts) = crate::store::startable(&jobs, &req.specs);
+        let answers = start_batch_in(&mut tx, now, &starts, worker).await?;
+        tx.commit().await?;
+        Ok(CycleOutcome {
+            finished,
+            claimed: crate::store::pair_starts(jobs, startable, answers),
+        })
+    }
+}
+
+/// Start a batch, each start all or nothing, so one job's lost lease or
+/// busy lock leaves the others' answers intact. Jobs without a target need
+/// no lock: each group of one spec starts in two statements. What is left
+/// (targets, lost leases) goes one by one through the full start.
+async fn start_batch_in(
+    tx: &mut SqliteConnection,
+    now: i64,
+    items: &[(LeaseRef, StartSpec)],
+    worker: &str,
+) -> Result<Vec<Result<StartOutcome>>> {
+    let mut started = std::collections::HashMap::new();
+    let mut specs: Vec<StartSpec> = Vec::new();
+    for (_, spec) in items {
+        if !specs.contains(spec) {
+            specs.push(*spec);
+        }
+    }
+    for spec in &specs {
+        let leases: Vec<LeaseRef> = items
+            .iter()
+            .filter(|(_, s)| s == spec)
+            .map(|(l, _)| *l)
+            .collect();
+        started.extend(start_untargeted(tx, now, &leases, spec, worker).await?);
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (lease, spec) in items {
+        out.push(match started.get(lease) {
+            Some(attempt) => Ok(StartOutcome::Started {
+                attempt: *attempt,
+                fence: None,
+            }),
+            None => match start_in(tx, now, *lease, spec, worker).await {
+                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
+                    return Err(e);
+                }
+                other => other,
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// Finish a batch, each finish all or nothing. Successes, the bulk of any
+/// batch, take three statements together; the rest go one by one through
+/// the full decision.
+async fn finish_batch_in(
+    tx: &mut SqliteConnection,
+    now: i64,
+    items: &[(LeaseRef, Outcome)],
+    actor: &str,
+) -> Result<Vec<Result<State>>> {
+    let succeeded: Vec<LeaseRef> = items
+        .iter()
+        .filter(|(_, o)| *o == Outcome::Succeeded)
+        .map(|(l, _)| *l)
+        .collect();
+    let done = succeed_all(tx, now, &succeeded, actor).await?;
+    let mut out = Vec::with_capacity(items.len());
+    for (lease, outcome) in items {
+        out.push(if *outcome == Outcome::Succeeded {
+            if done.contains(lease) {
+                Ok(State::Succeeded)
+            } else {
+                Err(StoreError::LeaseLost(lease.id))
+            }
+        } else {
+            match finish_in(tx, now, *lease, outcome.clone(), actor).await {
+                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
+                    return Err(e);
+                }
+                other => other,
+            }
+        });
+    }
+    Ok(out)
 }
 
 /// Start every listed leased job that has no target (no lock to take):

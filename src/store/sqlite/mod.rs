@@ -18,10 +18,10 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::{
-    Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, Enqueued, ExpireReport,
-    FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob, Outcome, Renewal, Result,
-    ScheduleDef, ScheduleInfo, StartOutcome, StartSpec, StoreError, WorkerBeat, WorkerInfo,
-    redact_url,
+    Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
+    Enqueued, ExpireReport, FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob, Outcome,
+    Renewal, Result, ScheduleDef, ScheduleInfo, StartOutcome, StartSpec, StoreError, WorkerBeat,
+    WorkerInfo, redact_url,
 };
 use crate::job::{Event, Job, State};
 
@@ -217,6 +217,10 @@ impl Backend for SqliteStore {
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         self.do_finish_many(items, actor).await
+    }
+
+    async fn cycle(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome> {
+        self.do_cycle(req, worker).await
     }
 
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {

@@ -20,71 +20,8 @@ impl SqliteStore {
         if req.limit == 0 || req.pipelines.is_empty() {
             return Ok(Vec::new());
         }
-        let pipelines = serde_json::to_string(&req.pipelines)
-            .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
-        let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
         let mut tx = self.begin().await?;
-        let now = now_ms();
-        // Candidates come from the claim index in claim order, already without
-        // blocked targets; the window then keeps the first job per target
-        // (a job without target is its own partition). The leased-sibling
-        // probe is pinned to the per-target index (its IN term lets the
-        // partial index apply): through the state index it would scan every
-        // leased job for each candidate.
-        let rows = sqlx::query(concat!(
-            "WITH cand AS (
-                SELECT id, target, priority, due_at FROM jobs INDEXED BY jobs_claim
-                WHERE state = 'queued' AND due_at <= ?1
-                  AND pipeline IN (SELECT value FROM json_each(?2))
-                  AND (target IS NULL OR (
-                      NOT EXISTS (SELECT 1 FROM locks l
-                                  WHERE l.target = jobs.target AND l.holder_job IS NOT NULL)
-                      AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
-                                      WHERE o.target = jobs.target AND o.state = 'leased'
-                                        AND o.state IN ('queued','leased','running','stale'))))
-                ORDER BY priority DESC, due_at, id
-                LIMIT ?3 * 8 + 16
-            ), ranked AS (
-                SELECT id, priority, due_at, ROW_NUMBER() OVER (
-                    PARTITION BY target, CASE WHEN target IS NULL THEN id END
-                    ORDER BY priority DESC, due_at, id) AS rn
-                FROM cand
-            ), pick AS (
-                SELECT id FROM ranked WHERE rn = 1 ORDER BY priority DESC, due_at, id LIMIT ?3
-            )
-            UPDATE jobs SET state = 'leased', lease_owner = ?4, lease_token = random(),
-                lease_expires_at = ?1 + ?5
-            WHERE id IN (SELECT id FROM pick)
-            RETURNING ",
-            job_cols!()
-        ))
-        .bind(now)
-        .bind(pipelines)
-        .bind(limit)
-        .bind(&req.worker)
-        .bind(ms(req.lease))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut jobs = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
-        // RETURNING has no defined order.
-        jobs.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.due_at.cmp(&b.due_at))
-                .then(a.id.cmp(&b.id))
-        });
-        // One statement for the batch's events, in claim order.
-        let ids = serde_json::to_string(&jobs.iter().map(|j| j.id).collect::<Vec<_>>())
-            .map_err(|e| StoreError::Database(format!("bad id list: {e}")))?;
-        sqlx::query(
-            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
-             SELECT value, ?, 'queued', 'leased', ?, '' FROM json_each(?) ORDER BY key",
-        )
-        .bind(now)
-        .bind(&req.worker)
-        .bind(ids)
-        .execute(&mut *tx)
-        .await?;
+        let jobs = claim_in(&mut tx, now_ms(), req).await?;
         tx.commit().await?;
         Ok(jobs)
     }
@@ -327,6 +264,81 @@ impl SqliteStore {
         tx.commit().await?;
         Ok(to)
     }
+}
+
+/// The claim statement and its events, inside the caller's transaction.
+pub(super) async fn claim_in(
+    tx: &mut SqliteConnection,
+    now: i64,
+    req: &ClaimRequest,
+) -> Result<Vec<Job>> {
+    if req.limit == 0 || req.pipelines.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pipelines = serde_json::to_string(&req.pipelines)
+        .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
+    let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+    // Candidates come from the claim index in claim order, already without
+    // blocked targets; the window then keeps the first job per target
+    // (a job without target is its own partition). The leased-sibling
+    // probe is pinned to the per-target index (its IN term lets the
+    // partial index apply): through the state index it would scan every
+    // leased job for each candidate.
+    let rows = sqlx::query(concat!(
+        "WITH cand AS (
+            SELECT id, target, priority, due_at FROM jobs INDEXED BY jobs_claim
+            WHERE state = 'queued' AND due_at <= ?1
+              AND pipeline IN (SELECT value FROM json_each(?2))
+              AND (target IS NULL OR (
+                  NOT EXISTS (SELECT 1 FROM locks l
+                              WHERE l.target = jobs.target AND l.holder_job IS NOT NULL)
+                  AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
+                                  WHERE o.target = jobs.target AND o.state = 'leased'
+                                    AND o.state IN ('queued','leased','running','stale'))))
+            ORDER BY priority DESC, due_at, id
+            LIMIT ?3 * 8 + 16
+        ), ranked AS (
+            SELECT id, priority, due_at, ROW_NUMBER() OVER (
+                PARTITION BY target, CASE WHEN target IS NULL THEN id END
+                ORDER BY priority DESC, due_at, id) AS rn
+            FROM cand
+        ), pick AS (
+            SELECT id FROM ranked WHERE rn = 1 ORDER BY priority DESC, due_at, id LIMIT ?3
+        )
+        UPDATE jobs SET state = 'leased', lease_owner = ?4, lease_token = random(),
+            lease_expires_at = ?1 + ?5
+        WHERE id IN (SELECT id FROM pick)
+        RETURNING ",
+        job_cols!()
+    ))
+    .bind(now)
+    .bind(pipelines)
+    .bind(limit)
+    .bind(&req.worker)
+    .bind(ms(req.lease))
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut jobs = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+    // RETURNING has no defined order.
+    jobs.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.due_at.cmp(&b.due_at))
+            .then(a.id.cmp(&b.id))
+    });
+    // One statement for the batch's events, in claim order.
+    let ids = serde_json::to_string(&jobs.iter().map(|j| j.id).collect::<Vec<_>>())
+        .map_err(|e| StoreError::Database(format!("bad id list: {e}")))?;
+    sqlx::query(
+        "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+         SELECT value, ?, 'queued', 'leased', ?, '' FROM json_each(?) ORDER BY key",
+    )
+    .bind(now)
+    .bind(&req.worker)
+    .bind(ids)
+    .execute(&mut *tx)
+    .await?;
+    Ok(jobs)
 }
 
 /// Take the lock (if the job has a target), count the attempt, write
