@@ -73,14 +73,19 @@ async fn run_claimed(
     };
     let started = chrono::Utc::now();
     let tail = OutputTail::new();
-    let flusher = spawn_output_flusher(ctx.clone(), lease, tail.clone());
-    let job_deadline = pipeline.timeout.map(|t| tokio::time::Instant::now() + t);
-    // Checkpoints reach commands through their environment; a pipeline of
-    // built-ins has no use for them (and saves a round trip per job).
+    // Checkpoints and output come from commands; a pipeline of built-ins
+    // needs neither (and saves a round trip and a task per job).
     let has_commands = pipeline
         .steps
         .iter()
         .any(|s| matches!(s.action, crate::config::StepAction::Command { .. }));
+    let flusher = has_commands.then(|| spawn_output_flusher(ctx.clone(), lease, tail.clone()));
+    let stop_flusher = || {
+        if let Some(f) = &flusher {
+            f.abort();
+        }
+    };
+    let job_deadline = pipeline.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut checkpoints = if !has_commands {
         Vec::new()
     } else {
@@ -140,7 +145,7 @@ async fn run_claimed(
                 };
                 if let Err(e) = r {
                     log_lost(job.id, &e);
-                    flusher.abort();
+                    stop_flusher();
                     return;
                 }
                 for (k, v) in new {
@@ -185,12 +190,12 @@ async fn run_claimed(
                     job.id,
                     step.name
                 );
-                flusher.abort();
+                stop_flusher();
                 return;
             }
         }
     }
-    flusher.abort();
+    stop_flusher();
     // The last lines matter most for a failure: save them before finishing.
     if tail.version() > 0 {
         let _ = ctx.store.save_output(lease, &tail.text()).await;

@@ -42,6 +42,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The one connection this process's queued writers use: its page
+    /// cache stays warm from one transaction to the next, where a pooled
+    /// connection would re-read every page another connection changed.
+    writer: SqlitePool,
     url: String,
     /// Writers of this process queue here, in order, instead of all polling
     /// SQLite's write lock: busy_timeout retries are not fair, and under
@@ -87,7 +91,7 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(opts)
+            .connect_with(opts.clone())
             .await
             .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
         // The table is absent on a fresh database: no version applied.
@@ -98,8 +102,18 @@ impl SqliteStore {
             .flatten();
         super::migrate::check_version(&MIGRATOR, applied)?;
         MIGRATOR.run(&pool).await?;
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(opts)
+            .await
+            .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
         Ok(SqliteStore {
             pool,
+            writer,
             url: url.to_string(),
             writers: Arc::new(Mutex::new(())),
         })
@@ -117,7 +131,7 @@ impl SqliteStore {
     /// statement, so a read-then-write never fails with BUSY_SNAPSHOT.
     async fn begin(&self) -> Result<WriteTx> {
         let slot = self.writers.clone().lock_owned().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         Ok(WriteTx {
             tx,
             _slot: Some(slot),

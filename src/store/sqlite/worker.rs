@@ -279,7 +279,9 @@ pub(super) async fn claim_in(
         .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
     let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
     // Candidates come from the claim index in claim order, already without
-    // blocked targets; the window then keeps the first job per target
+    // blocked targets; a window of twice the request (as on Postgres)
+    // leaves room for same-target duplicates, and the window function
+    // then keeps the first job per target
     // (a job without target is its own partition). The leased-sibling
     // probe is pinned to the per-target index (its IN term lets the
     // partial index apply): through the state index it would scan every
@@ -296,7 +298,7 @@ pub(super) async fn claim_in(
                                   WHERE o.target = jobs.target AND o.state = 'leased'
                                     AND o.state IN ('queued','leased','running','stale'))))
             ORDER BY priority DESC, due_at, id
-            LIMIT ?3 * 8 + 16
+            LIMIT ?3 * 2 + 2
         ), ranked AS (
             SELECT id, priority, due_at, ROW_NUMBER() OVER (
                 PARTITION BY target, CASE WHEN target IS NULL THEN id END
