@@ -115,9 +115,12 @@ impl PgStore {
     }
 
     pub(super) async fn state_counts(&self) -> Result<BTreeMap<State, i64>> {
-        let rows = sqlx::query("SELECT state, count(*) AS n FROM jobs GROUP BY state")
-            .fetch_all(&self.pool)
-            .await?;
+        // Appended by triggers (migration 0002): counting the table itself
+        // read every job, a fifth of a second at a million rows.
+        let rows =
+            sqlx::query("SELECT state, sum(n)::bigint AS n FROM job_state_deltas GROUP BY state")
+                .fetch_all(&self.pool)
+                .await?;
         let mut counts: BTreeMap<State, i64> = State::ALL.into_iter().map(|s| (s, 0)).collect();
         for r in &rows {
             counts.insert(rows::state(r.try_get("state")?)?, r.try_get("n")?);
