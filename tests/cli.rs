@@ -217,6 +217,39 @@ fn migrate_creates_the_database() {
 }
 
 #[test]
+fn processes_opening_a_fresh_database_together_all_succeed() {
+    // Several rounds: the race (both migrate, one finds the other's table)
+    // needs the processes to overlap, which a loaded machine makes likely
+    // in some round, not in every one.
+    for round in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let children: Vec<_> = (0..8)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_jobdeck"))
+                    .current_dir(dir.path())
+                    .env_remove("JOBDECK_DB")
+                    .env("JOBDECK_DATA_DIR", dir.path().join("data"))
+                    .args(["migrate", "--db", "sqlite://fresh.db"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn jobdeck")
+            })
+            .collect();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "round {round}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let listed = json(dir.path(), &["--db", "sqlite://fresh.db", "jobs", "--json"]);
+        assert_eq!(listed, serde_json::json!([]));
+    }
+}
+
+#[test]
 fn malformed_arguments_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

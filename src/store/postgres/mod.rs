@@ -59,6 +59,11 @@ pub struct PgStore {
 
 impl PgStore {
     pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_sized(url, 16).await
+    }
+
+    /// A pool of up to `max_connections` (the pool opens them as needed).
+    pub async fn connect_sized(url: &str, max_connections: u32) -> Result<Self> {
         let shown = redact_url(url);
         let opts = PgConnectOptions::from_str(url).map_err(|e| {
             StoreError::Invalid(format!("bad Postgres URL {shown}: {}", strip(&e, url)))
@@ -82,8 +87,12 @@ impl PgStore {
                 let _ = probe.close().await;
             }
         }
+        // No ping before each use: it would add a round trip to every
+        // transaction, and a connection the server dropped fails its first
+        // statement instead, which every caller retries.
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(max_connections.max(2))
+            .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(opts);
         // The table is absent on a fresh database: no version applied.

@@ -79,6 +79,23 @@ impl DerefMut for WriteTx {
     }
 }
 
+/// Apply pending migrations. SQLite has no advisory lock: two processes
+/// opening a fresh file at once both start migrating, and the one that
+/// loses fails on a table the other created. Each migration commits as a
+/// whole, so the loser retries and finds it applied.
+async fn migrate(pool: &SqlitePool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        match MIGRATOR.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self> {
         let opts = SqliteConnectOptions::from_str(url)
@@ -88,8 +105,12 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(false);
+        // No ping before each use: it is a round trip through the
+        // connection's thread, and a broken connection shows itself on its
+        // first statement anyway (which every caller retries).
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
+            .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(opts.clone())
             .await
@@ -101,12 +122,13 @@ impl SqliteStore {
             .ok()
             .flatten();
         super::migrate::check_version(&MIGRATOR, applied)?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&pool).await?;
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
             .max_lifetime(None)
+            .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(opts)
             .await
