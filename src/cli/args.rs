@@ -223,3 +223,47 @@ pub struct DemoArgs {
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub refresh: Duration,
 }
+
+/// `jobdeck bench --scale`: claim and console-read costs at 10,000 rows
+/// against a million (see `bench_scale.rs`).
+#[derive(Debug, Args, Clone)]
+pub struct ScaleArgs {
+    /// Measure claim and console-snapshot costs at 10,000 rows and at
+    /// 1,000,000 finished + 100,000 queued jobs (fresh scratch databases:
+    /// SQLite temp files, or schemas of the Postgres database given with --db)
+    #[arg(long)]
+    pub scale: bool,
+    /// Finished jobs at the large size
+    #[arg(long, default_value_t = 1_000_000, requires = "scale",
+          value_parser = clap::value_parser!(u64).range(0..=50_000_000))]
+    pub scale_finished: u64,
+    /// Queued jobs at the large size
+    #[arg(long, default_value_t = 100_000, requires = "scale",
+          value_parser = clap::value_parser!(u64).range(1..=50_000_000))]
+    pub scale_queued: u64,
+    /// Rows at the small size, in the same finished:queued ratio (at most a
+    /// tenth of the large size)
+    #[arg(long, default_value_t = 10_000, requires = "scale",
+          value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub scale_base: u64,
+    /// Datasets the targeted half of the jobs is spread over
+    #[arg(long, default_value_t = 1_000, requires = "scale",
+          value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    pub scale_targets: u32,
+    /// Timed claims per size
+    #[arg(long, default_value_t = 200, requires = "scale",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub scale_claims: u32,
+    /// Timed repetitions of each console query per size
+    #[arg(long, default_value_t = 50, requires = "scale",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub scale_reps: u32,
+    /// Also print the plans of the claim and the snapshot queries at the
+    /// large size (Postgres: EXPLAIN ANALYZE, BUFFERS through auto_explain;
+    /// needs a superuser)
+    #[arg(long, requires = "scale")]
+    pub explain: bool,
+    /// Keep the scratch databases (and say where) for a closer look
+    #[arg(long, requires = "scale")]
+    pub scale_keep: bool,
+}

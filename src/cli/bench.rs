@@ -31,6 +31,8 @@ pub struct BenchArgs {
     pub no_latency: bool,
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub scale: super::args::ScaleArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,6 +69,9 @@ builtin = "noop"
 /// Runs in a scratch database: a temp SQLite file by default, or a fresh
 /// schema (dropped afterwards) of the Postgres database given with --db.
 pub async fn run(db: Option<String>, a: BenchArgs) -> Result<i32> {
+    if a.scale.scale {
+        return super::bench_scale::run(db, a.scale, a.json).await;
+    }
     let scratch = tempfile_dir()?;
     let (url, schema) = match db {
         Some(url) if store::redact_url(&url).starts_with("postgres") => {

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench;
+mod bench_scale;
 mod commands;
 mod console_cmd;
 pub mod logging;

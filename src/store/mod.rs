@@ -20,6 +20,7 @@ mod error;
 mod migrate;
 pub mod postgres;
 pub mod scratch;
+pub mod seed;
 pub mod sqlite;
 mod url;
 
