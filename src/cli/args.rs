@@ -254,8 +254,9 @@ pub struct ScaleArgs {
     #[arg(long, default_value_t = 200, requires = "scale",
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub scale_claims: u32,
-    /// Timed repetitions of each console query per size
-    #[arg(long, default_value_t = 50, requires = "scale",
+    /// Timed repetitions of each console query per size (most take well
+    /// under a millisecond: fewer leave the medians at the mercy of noise)
+    #[arg(long, default_value_t = 200, requires = "scale",
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub scale_reps: u32,
     /// Also print the plans of the claim and the snapshot queries at the

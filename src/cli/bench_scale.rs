@@ -26,7 +26,7 @@ use crate::store::{self, BackendKind, ClaimRequest, JobFilter, JobOrder, Store};
 const MAX_RATIO: f64 = 1.5;
 /// Untimed calls before the timed ones: statement preparation and the
 /// first page reads are not what is being compared.
-const WARMUP: u32 = 5;
+const WARMUP: u32 = 20;
 const CLAIM_LIMIT: usize = 8;
 const CLAIM_WORKER: &str = "scale-bench";
 
