@@ -278,6 +278,9 @@ pub(super) async fn claim_in(
     let pipelines = serde_json::to_string(&req.pipelines)
         .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
     let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+    // A bare `LIMIT ?` makes SQLite (3.51) plan for the bound value and so
+    // recompile the whole statement at every claim (a fifth of the CPU of a
+    // busy engine); a LIMIT expression keeps the prepared plan.
     // Candidates come from the claim index in claim order, already without
     // blocked targets; a window of twice the request (as on Postgres)
     // leaves room for same-target duplicates, and the window function
@@ -305,7 +308,8 @@ pub(super) async fn claim_in(
                 ORDER BY priority DESC, due_at, id) AS rn
             FROM cand
         ), pick AS (
-            SELECT id FROM ranked WHERE rn = 1 ORDER BY priority DESC, due_at, id LIMIT ?3
+            SELECT id FROM ranked WHERE rn = 1 ORDER BY priority DESC, due_at, id
+                LIMIT CAST(?3 AS INTEGER)
         )
         UPDATE jobs SET state = 'leased', lease_owner = ?4, lease_token = random(),
             lease_expires_at = ?1 + ?5
