@@ -108,7 +108,7 @@ fn tempfile_dir() -> Result<std::path::PathBuf> {
 }
 
 async fn bench(url: &str, a: &BenchArgs, scratch: &std::path::Path) -> Result<Report> {
-    let store = super::connect(url).await?;
+    let store = super::connect_for_slots(url, Some(a.slots as usize)).await?;
     let config = Arc::new(config::parse(BENCH_CONFIG, "bench")?);
     let target = |i: u32| (a.targets > 0).then(|| format!("t{}", i % a.targets));
 

@@ -54,9 +54,21 @@ pub fn database_url(cli_db: Option<&str>, config: &Config) -> String {
 }
 
 pub async fn connect(url: &str) -> Result<Store> {
+    connect_for_slots(url, None).await
+}
+
+/// [`connect`] for a node that runs an engine of `slots` slots: its
+/// connection pool is sized to them.
+pub async fn connect_for_slots(url: &str, slots: Option<usize>) -> Result<Store> {
+    let connecting = async {
+        match slots {
+            Some(n) => store::connect_for_slots(url, n).await,
+            None => store::connect(url).await,
+        }
+    };
     // The backends time out on their own; this guards against a hang
     // anywhere else (name resolution, a stuck TLS handshake).
-    match tokio::time::timeout(store::CONNECT_TIMEOUT * 2, store::connect(url)).await {
+    match tokio::time::timeout(store::CONNECT_TIMEOUT * 2, connecting).await {
         Ok(r) => Ok(r?),
         Err(_) => anyhow::bail!(
             "database unreachable: {}: no answer within {}s",
@@ -74,15 +86,25 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
             return bench::run(cli.db, a).await;
         }
         Command::Demo(a) => {
-            let store = connect(&console_cmd::demo_url(cli.db.as_deref())).await?;
-            return console_cmd::demo(store, console_cmd::demo_config()?, a).await;
+            let config = console_cmd::demo_config()?;
+            let slots = config.workers.slots;
+            let store =
+                connect_for_slots(&console_cmd::demo_url(cli.db.as_deref()), Some(slots)).await?;
+            return console_cmd::demo(store, config, a).await;
         }
         Command::Console(_) => {}
         Command::Worker(_) => logging::to_stderr("info"),
         _ => logging::to_stderr("warn"),
     }
     let url = database_url(cli.db.as_deref(), &config);
-    let store = connect(&url).await?;
+    let engine_slots =
+        |slots: Option<u32>| Some(slots.map_or(config.workers.slots, |n| n as usize));
+    let slots = match &command {
+        Command::Worker(a) => engine_slots(a.slots),
+        Command::Console(a) if !a.no_workers => engine_slots(a.slots),
+        _ => None,
+    };
+    let store = connect_for_slots(&url, slots).await?;
     match command {
         Command::Console(a) => return console_cmd::console(store, config, a).await,
         Command::Migrate => println!("database {} is up to date", store.display_url()),

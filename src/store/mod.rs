@@ -36,11 +36,29 @@ pub type Store = Arc<dyn Backend>;
 /// file when missing, and apply pending migrations. Answers within the
 /// connect timeout with a one-line error that never contains the password.
 pub async fn connect(url: &str) -> Result<Store> {
+    connect_for_slots(url, DEFAULT_SLOTS).await
+}
+
+/// The slots [`connect`] sizes its pool for (a Postgres pool of 16).
+const DEFAULT_SLOTS: usize = 12;
+
+/// [`connect`] for a node that runs `slots` jobs at once: the Postgres pool
+/// holds up to one connection per slot (a step's output and checkpoint
+/// writes) plus `SPARE_CONNECTIONS`. SQLite's writes share one connection
+/// whatever the slots.
+pub async fn connect_for_slots(url: &str, slots: usize) -> Result<Store> {
+    let pool = u32::try_from(slots)
+        .unwrap_or(u32::MAX)
+        .saturating_add(SPARE_CONNECTIONS);
     match url::backend_of(url)? {
         BackendKind::Sqlite => Ok(Arc::new(sqlite::SqliteStore::connect(url).await?)),
-        BackendKind::Postgres => Ok(Arc::new(postgres::PgStore::connect(url).await?)),
+        BackendKind::Postgres => Ok(Arc::new(postgres::PgStore::connect_sized(url, pool).await?)),
     }
 }
+
+/// Connections beside the slots' own: the engine's cycle, the batch of
+/// delayed starts, the heartbeat, and the reaper, scheduler and reads.
+pub const SPARE_CONNECTIONS: u32 = 4;
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
