@@ -23,6 +23,9 @@ fn validate(job: &NewJob) -> Result<i32> {
     Ok(max_attempts)
 }
 
+/// Bulk enqueues of at least this many jobs refresh the table's statistics.
+const ANALYZE_AFTER: usize = 1_000;
+
 impl PgStore {
     pub(super) async fn enqueue_job(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
         let max_attempts = validate(&job)?;
@@ -146,6 +149,15 @@ impl PgStore {
             notify(&mut tx, JOBS_CHANNEL, pipeline).await?;
         }
         tx.commit().await?;
+        if n >= ANALYZE_AFTER {
+            // A bulk load leaves the planner's statistics behind until
+            // autovacuum comes by (if it is on at all): the claim then
+            // sorts the whole queue on every call instead of walking its
+            // index. Failing to analyze (no privilege) costs only speed.
+            if let Err(e) = sqlx::query("ANALYZE jobs").execute(&self.pool).await {
+                tracing::debug!("analyze after a bulk enqueue: {e}");
+            }
+        }
         Ok(ids)
     }
 }

@@ -264,6 +264,11 @@ pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Res
         return Ok(Vec::new());
     }
     let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+    // Both target checks probe an index per candidate (OFFSET 0 keeps them
+    // correlated probes of locks_pkey and jobs_target_active): hashed over
+    // all locks or all leased jobs instead, they read every dead version
+    // that lock and lease churn leaves until a vacuum (5 ms per claim after
+    // a few thousand jobs on 100 targets, against 0.6 ms).
     // Lock a bounded window of candidates from the claim index, skipping
     // rows other claimers hold, then keep the first job per target. The
     // window is small because every row in it is locked (a tuple write):
@@ -274,9 +279,11 @@ pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Res
              WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY($1) \
                AND (j.target IS NULL OR ( \
                  NOT EXISTS (SELECT 1 FROM locks l \
-                             WHERE l.target = j.target AND l.holder_job IS NOT NULL) \
+                             WHERE l.target = j.target AND l.holder_job IS NOT NULL \
+                             OFFSET 0) \
                  AND NOT EXISTS (SELECT 1 FROM jobs o \
-                                 WHERE o.target = j.target AND o.state = 'leased'))) \
+                                 WHERE o.target = j.target AND o.state = 'leased' \
+                                 OFFSET 0))) \
              ORDER BY j.priority DESC, j.due_at, j.id \
              LIMIT $2 \
              FOR UPDATE OF j SKIP LOCKED \
