@@ -343,3 +343,42 @@ contract_test!(
         );
     }
 );
+
+contract_test!(
+    renewals_are_not_starved_by_a_busy_writer,
+    |store| async move {
+        let sp = spec(LONG, StalePolicy::Hold);
+        let (lease, _) = running_job(&store, "w-1", "p", None, sp).await;
+        // Back-to-back write transactions of the same process, as a busy
+        // engine's cycles are (three writers, so one is always queued and the
+        // write lock is never free for long): the renewal must get its turn.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..3)
+            .map(|_| {
+                let busy = store.clone();
+                let stopped = stop.clone();
+                tokio::spawn(async move {
+                    let mut writes = 0u32;
+                    while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                        let jobs = (0..200).map(|_| new_job("other", None)).collect();
+                        busy.enqueue_many(jobs, "w-2").await.expect("enqueue");
+                        writes += 1;
+                    }
+                    writes
+                })
+            })
+            .collect();
+        for _ in 0..20 {
+            let renewed = store
+                .renew(&worker_beat("w-1"), &[lease], LONG)
+                .await
+                .expect("a renewal is never starved by the busy writer");
+            assert!(matches!(renewed[0].1, Renewal::Held { .. }));
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in writers {
+            assert!(w.await.unwrap() > 0, "the writers kept writing meanwhile");
+        }
+    }
+);

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio::sync::{Mutex, OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 use super::{
     Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
@@ -51,6 +51,11 @@ pub struct SqliteStore {
     /// SQLite's write lock: busy_timeout retries are not fair, and under
     /// many concurrent writers one of them would starve past the timeout.
     writers: Arc<Mutex<()>>,
+    /// Queued writers pass it shared, an urgent one (the heartbeat) takes
+    /// it alone: it is next as soon as the write in progress ends, instead
+    /// of polling SQLite's lock against a writer that takes it back within
+    /// microseconds (a busy engine starved renewals past busy_timeout).
+    gate: Arc<RwLock<()>>,
 }
 
 /// A `BEGIN IMMEDIATE` transaction, holding this process's writer slot
@@ -58,6 +63,13 @@ pub struct SqliteStore {
 struct WriteTx {
     tx: Transaction<'static, Sqlite>,
     _slot: Option<OwnedMutexGuard<()>>,
+    _gate: Gate,
+}
+
+/// How a transaction passed the gate (held until it ends).
+enum Gate {
+    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
+    Alone(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
 }
 
 impl WriteTx {
@@ -138,6 +150,7 @@ impl SqliteStore {
             writer,
             url: url.to_string(),
             writers: Arc::new(Mutex::new(())),
+            gate: Arc::new(RwLock::new(())),
         })
     }
 
@@ -153,10 +166,12 @@ impl SqliteStore {
     /// statement, so a read-then-write never fails with BUSY_SNAPSHOT.
     async fn begin(&self) -> Result<WriteTx> {
         let slot = self.writers.clone().lock_owned().await;
+        let gate = Gate::Shared(self.gate.clone().read_owned().await);
         let tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         Ok(WriteTx {
             tx,
             _slot: Some(slot),
+            _gate: gate,
         })
     }
 
@@ -164,8 +179,13 @@ impl SqliteStore {
     /// other writers: a heartbeat must not wait for a batch of claims or
     /// enqueues, only for the one write in progress.
     async fn begin_urgent(&self) -> Result<WriteTx> {
+        let gate = Gate::Alone(self.gate.clone().write_owned().await);
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTx { tx, _slot: None })
+        Ok(WriteTx {
+            tx,
+            _slot: None,
+            _gate: gate,
+        })
     }
 }
 
