@@ -124,7 +124,7 @@ contract_test!(finish_many_answers_per_job, |store| async move {
     assert!(retried.lease_token.is_none());
 });
 
-contract_test!(cycle_finishes_then_claims_and_starts_in_one_commit, |store| async move {
+contract_test!(cycle_finishes_then_claims_and_starts, |store| async move {
     let sp = spec(LONG, StalePolicy::Release);
     let (holder, fence) = running_job(&store, "w-1", "p", Some("t"), sp).await;
     assert_eq!(fence, Some(1));
