@@ -1,5 +1,5 @@
-//! The engine's main loop: claim into free slots, obey the handle, drain
-//! and stop; the background loops (heartbeat, reaper, scheduler, notices)
+//! The engine's main loop: write a cycle (finishes, claim, starts) whenever
+//! jobs end or new work may wait, obey the handle, drain and stop; the background loops (heartbeat, reaper, scheduler, notices)
 //! run beside it until it stops.
 
 use std::sync::Arc;
@@ -210,26 +210,29 @@ pub async fn run(
             ctx.config.workers.poll
         };
         tokio::select! {
-            c = control.recv() => { claim_due = true; match c {
-                Some(Control::Pause(p)) => ctx.paused.store(p, Ordering::Relaxed),
-                Some(Control::SetSlots(n)) => ctx.slots.store(n, Ordering::Relaxed),
-                Some(Control::Drain(grace)) if drain_deadline.is_none() => {
-                    tracing::info!("draining: running jobs get {grace:?}");
-                    let until = tokio::time::Instant::now() + grace;
-                    drain_deadline = Some(until);
-                    ctx.set_draining(Some(until.into_std()));
-                    ctx.registry.signal_all(JobSignal::Drain);
+            c = control.recv() => {
+                claim_due = true;
+                match c {
+                    Some(Control::Pause(p)) => ctx.paused.store(p, Ordering::Relaxed),
+                    Some(Control::SetSlots(n)) => ctx.slots.store(n, Ordering::Relaxed),
+                    Some(Control::Drain(grace)) if drain_deadline.is_none() => {
+                        tracing::info!("draining: running jobs get {grace:?}");
+                        let until = tokio::time::Instant::now() + grace;
+                        drain_deadline = Some(until);
+                        ctx.set_draining(Some(until.into_std()));
+                        ctx.registry.signal_all(JobSignal::Drain);
+                    }
+                    Some(Control::Drain(_)) => {}
+                    Some(Control::Stop) | None => {
+                        let now = tokio::time::Instant::now();
+                        drain_deadline = Some(now);
+                        ctx.set_draining(Some(now.into_std()));
+                        ctx.registry.signal_all(JobSignal::Drain);
+                        ctx.registry.signal_all(JobSignal::Shutdown);
+                        shutdown_sent = true;
+                    }
                 }
-                Some(Control::Drain(_)) => {}
-                Some(Control::Stop) | None => {
-                    let now = tokio::time::Instant::now();
-                    drain_deadline = Some(now);
-                    ctx.set_draining(Some(now.into_std()));
-                    ctx.registry.signal_all(JobSignal::Drain);
-                    ctx.registry.signal_all(JobSignal::Shutdown);
-                    shutdown_sent = true;
-                }
-            }},
+            }
             Some(f) = finish_rx.recv() => finishes.push(f),
             Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
             _ = ctx.wake.notified(), if claiming => claim_due = true,
