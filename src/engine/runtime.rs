@@ -1,6 +1,7 @@
 //! The engine's main loop: write a cycle (finishes, claim, starts) whenever
-//! jobs end or new work may wait, obey the handle, drain and stop; the background loops (heartbeat, reaper, scheduler, notices)
-//! run beside it until it stops.
+//! jobs end or new work may wait, obey the handle, drain and stop; the
+//! background loops (heartbeat, reaper, scheduler, notices) run beside it
+//! until it stops.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
