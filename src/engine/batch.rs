@@ -94,12 +94,14 @@ where
     /// Queue one request and wait for its answer.
     pub async fn call(&self, req: Req) -> Result<Resp> {
         let (tx, rx) = oneshot::channel();
-        self.queue
-            .send((req, tx))
-            .map_err(|_| StoreError::Unreachable("the engine's writer has stopped".into()))?;
-        rx.await
-            .map_err(|_| StoreError::Unreachable("the engine's writer has stopped".into()))?
+        self.queue.send((req, tx)).map_err(|_| writer_stopped())?;
+        rx.await.map_err(|_| writer_stopped())?
     }
+}
+
+/// The answer to a request whose writer task is gone (the engine stopped).
+pub fn writer_stopped() -> StoreError {
+    StoreError::Unreachable("the engine's writer has stopped".into())
 }
 
 /// After a batch failed as a whole: write each request alone, so only the

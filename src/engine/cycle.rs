@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::write_alone;
+use super::batch::{write_alone, writer_stopped};
 use super::runtime::Ctx;
 use crate::job::State;
-use crate::store::{
-    ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StoreError,
-};
+use crate::store::{ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result};
 
 /// How long a cycle waits for the finishes of jobs that ran together.
 const WINDOW: Duration = Duration::from_millis(1);
@@ -42,15 +40,14 @@ impl FinishQueue {
     /// Finish the job in the next cycle and wait for its answer.
     pub async fn call(&self, lease: LeaseRef, outcome: Outcome) -> Result<State> {
         let (reply, answer) = oneshot::channel();
-        let stopped = || StoreError::Unreachable("the engine's writer has stopped".into());
         self.0
             .send(Finish {
                 lease,
                 outcome,
                 reply,
             })
-            .map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+            .map_err(|_| writer_stopped())?;
+        answer.await.map_err(|_| writer_stopped())?
     }
 }
 

@@ -64,11 +64,11 @@ async fn run_claimed(
     lease: LeaseRef,
     signals: &mut UnboundedReceiver<JobSignal>,
 ) {
-    let started = match started {
-        Some(s) => Some(s),
+    let running = match started {
+        Some(running) => Some(running),
         None => start(ctx, job, pipeline, lease, signals).await,
     };
-    let Some((attempt, fence)) = started else {
+    let Some((attempt, fence)) = running else {
         return;
     };
     let started = chrono::Utc::now();

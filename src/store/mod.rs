@@ -159,6 +159,38 @@ pub struct CycleOutcome {
     pub claimed: Vec<Claimed>,
 }
 
+/// A batch's starts grouped by spec, in first-seen order: each group
+/// starts in set-based statements.
+pub(crate) fn group_by_spec(items: &[(LeaseRef, StartSpec)]) -> Vec<(StartSpec, Vec<LeaseRef>)> {
+    let mut groups: Vec<(StartSpec, Vec<LeaseRef>)> = Vec::new();
+    for (lease, spec) in items {
+        match groups.iter_mut().find(|(s, _)| s == spec) {
+            Some((_, leases)) => leases.push(*lease),
+            None => groups.push((*spec, vec![*lease])),
+        }
+    }
+    groups
+}
+
+/// The successes of a batch of finishes: they finish in set-based statements.
+pub(crate) fn successes(items: &[(LeaseRef, Outcome)]) -> Vec<LeaseRef> {
+    items
+        .iter()
+        .filter(|(_, o)| *o == Outcome::Succeeded)
+        .map(|(l, _)| *l)
+        .collect()
+}
+
+/// One item's answer inside a batch's transaction: a database error
+/// spoils the whole transaction (the caller returns it, nothing is
+/// written), any other answer is the item's own.
+pub(crate) fn item_answer<T>(r: Result<T>) -> Result<Result<T>> {
+    match r {
+        Err(e) if e.is_transient() => Err(e),
+        other => Ok(other),
+    }
+}
+
 /// Which claimed jobs a cycle starts at once (those whose pipeline has a
 /// spec): per job, its index in the returned start list.
 pub(crate) fn startable(

@@ -13,6 +13,7 @@ use super::{PgStore, ms};
 use crate::job::{self, State};
 use crate::store::{
     CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError,
+    group_by_spec, item_answer, successes,
 };
 
 impl PgStore {
@@ -78,25 +79,14 @@ async fn start_batch_in(
     worker: &str,
 ) -> Result<Vec<Result<StartOutcome>>> {
     let mut started: HashMap<LeaseRef, (i32, Option<i64>)> = HashMap::new();
-    let mut specs: Vec<StartSpec> = Vec::new();
-    for (_, spec) in items {
-        if !specs.contains(spec) {
-            specs.push(*spec);
-        }
-    }
-    for spec in &specs {
-        let leases: Vec<LeaseRef> = items
-            .iter()
-            .filter(|(_, s)| s == spec)
-            .map(|(l, _)| *l)
-            .collect();
-        let untargeted = start_untargeted(tx, &leases, spec, worker).await?;
+    for (spec, leases) in group_by_spec(items) {
+        let untargeted = start_untargeted(tx, &leases, &spec, worker).await?;
         started.extend(untargeted.into_iter().map(|(l, a)| (l, (a, None))));
         let rest: Vec<LeaseRef> = leases
             .into_iter()
             .filter(|l| !started.contains_key(l))
             .collect();
-        started.extend(start_targeted(tx, &rest, spec, worker).await?);
+        started.extend(start_targeted(tx, &rest, &spec, worker).await?);
     }
     let mut out = Vec::with_capacity(items.len());
     for (lease, spec) in items {
@@ -105,10 +95,7 @@ async fn start_batch_in(
                 attempt: *attempt,
                 fence: *fence,
             }),
-            None => match start_in(tx, *lease, spec, worker).await {
-                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => return Err(e),
-                other => other,
-            },
+            None => item_answer(start_in(tx, *lease, spec, worker).await)?,
         });
     }
     Ok(out)
@@ -126,12 +113,7 @@ async fn finish_batch_in(
         return Ok(Vec::new());
     }
     lock_in_id_order(tx, items.iter().map(|(l, _)| l.id)).await?;
-    let succeeded: Vec<LeaseRef> = items
-        .iter()
-        .filter(|(_, o)| *o == Outcome::Succeeded)
-        .map(|(l, _)| *l)
-        .collect();
-    let done = succeed_all(tx, &succeeded, actor).await?;
+    let done = succeed_all(tx, &successes(items), actor).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
         out.push(if *outcome == Outcome::Succeeded {
@@ -141,12 +123,7 @@ async fn finish_batch_in(
                 Err(StoreError::LeaseLost(lease.id))
             }
         } else {
-            match finish_in(tx, *lease, outcome.clone(), actor).await {
-                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
-                    return Err(e);
-                }
-                other => other,
-            }
+            item_answer(finish_in(tx, *lease, outcome.clone(), actor).await)?
         });
     }
     Ok(out)

@@ -13,6 +13,7 @@ use super::worker::{claim_in, finish_in, start_in};
 use crate::job::{self, Move, State};
 use crate::store::{
     CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError,
+    group_by_spec, item_answer, successes,
 };
 
 impl SqliteStore {
@@ -71,19 +72,8 @@ async fn start_batch_in(
     worker: &str,
 ) -> Result<Vec<Result<StartOutcome>>> {
     let mut started = std::collections::HashMap::new();
-    let mut specs: Vec<StartSpec> = Vec::new();
-    for (_, spec) in items {
-        if !specs.contains(spec) {
-            specs.push(*spec);
-        }
-    }
-    for spec in &specs {
-        let leases: Vec<LeaseRef> = items
-            .iter()
-            .filter(|(_, s)| s == spec)
-            .map(|(l, _)| *l)
-            .collect();
-        started.extend(start_untargeted(tx, now, &leases, spec, worker).await?);
+    for (spec, leases) in group_by_spec(items) {
+        started.extend(start_untargeted(tx, now, &leases, &spec, worker).await?);
     }
     let mut out = Vec::with_capacity(items.len());
     for (lease, spec) in items {
@@ -92,12 +82,7 @@ async fn start_batch_in(
                 attempt: *attempt,
                 fence: None,
             }),
-            None => match start_in(tx, now, *lease, spec, worker).await {
-                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
-                    return Err(e);
-                }
-                other => other,
-            },
+            None => item_answer(start_in(tx, now, *lease, spec, worker).await)?,
         });
     }
     Ok(out)
@@ -112,12 +97,7 @@ async fn finish_batch_in(
     items: &[(LeaseRef, Outcome)],
     actor: &str,
 ) -> Result<Vec<Result<State>>> {
-    let succeeded: Vec<LeaseRef> = items
-        .iter()
-        .filter(|(_, o)| *o == Outcome::Succeeded)
-        .map(|(l, _)| *l)
-        .collect();
-    let done = succeed_all(tx, now, &succeeded, actor).await?;
+    let done = succeed_all(tx, now, &successes(items), actor).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
         out.push(if *outcome == Outcome::Succeeded {
@@ -127,12 +107,7 @@ async fn finish_batch_in(
                 Err(StoreError::LeaseLost(lease.id))
             }
         } else {
-            match finish_in(tx, now, *lease, outcome.clone(), actor).await {
-                Err(e @ (StoreError::Database(_) | StoreError::Unreachable(_))) => {
-                    return Err(e);
-                }
-                other => other,
-            }
+            item_answer(finish_in(tx, now, *lease, outcome.clone(), actor).await)?
         });
     }
     Ok(out)
