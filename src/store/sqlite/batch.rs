@@ -8,7 +8,7 @@
 use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
-use super::rows::{ms, now_ms};
+use super::rows::{lease_pairs, ms, now_ms};
 use super::worker::{claim_in, finish_in, start_in};
 use crate::job::{self, Move, State};
 use crate::store::{
@@ -127,8 +127,7 @@ async fn start_untargeted(
         return Ok(Default::default());
     }
     job::check(leases[0].id, State::Leased, Move::Start)?;
-    let pairs = serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
-        .map_err(|e| StoreError::Invalid(format!("bad lease list: {e}")))?;
+    let pairs = lease_pairs(leases)?;
     let rows = sqlx::query(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
              started_at = ?1, lock_fence = NULL, on_stale = ?3, backoff_ms = ?4
@@ -189,8 +188,7 @@ async fn succeed_all(
         return Ok(Default::default());
     }
     job::check(leases[0].id, State::Running, Move::Succeed)?;
-    let pairs = serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
-        .map_err(|e| StoreError::Invalid(format!("bad lease list: {e}")))?;
+    let pairs = lease_pairs(leases)?;
     let rows = sqlx::query(
         "UPDATE jobs SET state = 'succeeded', finished_at = ?1, lease_expires_at = NULL
          WHERE state = 'running'

@@ -42,6 +42,13 @@ pub(super) fn ms(d: Duration) -> i64 {
         .min(i64::MAX / 4)
 }
 
+/// Leases as a JSON list of `[id, token]` pairs, read back with
+/// `json_each` (one bound parameter for a whole batch).
+pub(super) fn lease_pairs(leases: &[crate::store::LeaseRef]) -> Result<String> {
+    serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
+        .map_err(|e| crate::store::StoreError::Invalid(format!("bad lease list: {e}")))
+}
+
 pub(super) fn to_time(ms: i64) -> Result<DateTime<Utc>> {
     DateTime::from_timestamp_millis(ms)
         .ok_or_else(|| StoreError::Database(format!("time {ms} ms is out of range")))

@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::SqliteConnection;
 
 use super::SqliteStore;
-use super::rows::{self, event, job_cols, job_from_row, ms, now_ms};
+use super::rows::{self, event, job_cols, job_from_row, lease_pairs, ms, now_ms};
 use crate::job::{self, Job, State};
 use crate::store::{
     ClaimRequest, LeaseRef, Outcome, Renewal, Result, StartOutcome, StartSpec, StoreError,
@@ -119,9 +119,7 @@ impl SqliteStore {
     ) -> Result<Vec<(LeaseRef, Renewal)>> {
         let pipelines = serde_json::to_string(&worker.pipelines)
             .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
-        let pairs =
-            serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
-                .map_err(|e| StoreError::Invalid(format!("bad lease list: {e}")))?;
+        let pairs = lease_pairs(leases)?;
         let mut tx = self.begin_urgent().await?;
         let now = now_ms();
         sqlx::query(
