@@ -212,3 +212,38 @@ contract_test!(cycle_without_claim_only_finishes, |store| async move {
     assert!(out.claimed.is_empty());
     assert_eq!(store.get_job(queued).await.unwrap().state, State::Queued);
 });
+
+// A cycle with a failure takes the statement-by-statement path (the full
+// decision of each failed job); its claim and starts answer as the
+// one-call path does.
+contract_test!(
+    cycle_with_a_failure_still_claims_and_starts,
+    |store| async move {
+        let sp = spec(LONG, StalePolicy::Hold);
+        let (ok, _) = running_job(&store, "w-1", "p", Some("t"), sp).await;
+        let (bad, _) = running_job(&store, "w-1", "p", None, sp).await;
+        let next = enqueue(&store, "p", Some("t")).await;
+        let req = CycleRequest {
+            finishes: vec![
+                (ok, Outcome::Succeeded),
+                (
+                    bad,
+                    Outcome::Failed {
+                        error: "boom".into(),
+                        retry: true,
+                    },
+                ),
+            ],
+            claim: Some(claim_req("w-1", &["p"], 10, LONG)),
+            specs: vec![("p".into(), sp)],
+        };
+        let out = store.cycle(&req, "w-1").await.unwrap();
+        assert_eq!(out.finished[0].as_ref().unwrap(), &State::Succeeded);
+        assert_eq!(out.finished[1].as_ref().unwrap(), &State::Queued, "retry");
+        let ids: Vec<i64> = out.claimed.iter().map(|c| c.job.id).collect();
+        assert_eq!(ids, vec![next], "the retried job waits for its backoff");
+        assert_eq!(out.claimed[0].started, Some((1, Some(2))));
+        let job = store.get_job(next).await.unwrap();
+        assert_eq!((job.state, job.lock_fence), (State::Running, Some(2)));
+    }
+);

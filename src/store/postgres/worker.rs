@@ -259,6 +259,13 @@ impl PgStore {
 
 /// The claim statement (with its events), on the caller's connection or
 /// inside its transaction.
+/// How many candidates a claim of `limit` jobs locks: every row in the
+/// window is locked (a tuple write), so it is small; twice the request
+/// leaves room for a few same-target duplicates.
+pub(super) fn claim_window(limit: i64) -> i64 {
+    limit.saturating_mul(2).saturating_add(2)
+}
+
 pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Result<Vec<Job>> {
     if req.limit == 0 || req.pipelines.is_empty() {
         return Ok(Vec::new());
@@ -270,9 +277,7 @@ pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Res
     // that lock and lease churn leaves until a vacuum (5 ms per claim after
     // a few thousand jobs on 100 targets, against 0.6 ms).
     // Lock a bounded window of candidates from the claim index, skipping
-    // rows other claimers hold, then keep the first job per target. The
-    // window is small because every row in it is locked (a tuple write):
-    // twice the request leaves room for a few same-target duplicates.
+    // rows other claimers hold, then keep the first job per target.
     let rows = sqlx::query(concat!(
         "WITH candidates AS ( \
              SELECT j.id, j.target, j.priority, j.due_at FROM jobs j \
@@ -308,7 +313,7 @@ pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Res
          SELECT * FROM claimed ORDER BY priority DESC, due_at, id"
     ))
     .bind(&req.pipelines)
-    .bind(limit.saturating_mul(2).saturating_add(2))
+    .bind(claim_window(limit))
     .bind(limit)
     .bind(&req.worker)
     .bind(ms(req.lease))
