@@ -1,19 +1,22 @@
-//! Group commit: many starts or finishes in one transaction, and the
-//! engine's cycle (finish, claim, start in one commit). Jobs without a
-//! target start, and successes finish, in set-based statements; everything
-//! else goes through the per-job path of `worker.rs` inside the same
-//! transaction, each write all or nothing (one SQLite writer makes the
-//! per-job path cheap: no round trips over a network).
+//! Group commit: many starts or finishes in one transaction. Starts, with
+//! or without a target, and successes go through set-based statements and
+//! their events through one INSERT; everything else goes through the
+//! per-job path of `worker.rs` inside the same transaction, each write all
+//! or nothing (one SQLite writer makes the per-job path cheap: no round
+//! trips over a network).
+
+use std::collections::{HashMap, HashSet};
 
 use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
+use super::events::Events;
 use super::rows::{lease_pairs, ms, now_ms};
-use super::worker::{claim_in, finish_in, start_in};
+use super::worker::{finish_in, start_in};
 use crate::job::{self, Move, State};
 use crate::store::{
-    CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError,
-    group_by_spec, item_answer, successes,
+    LeaseRef, Outcome, Result, StartOutcome, StartSpec, StoreError, group_by_spec, item_answer,
+    start_detail, successes,
 };
 
 impl SqliteStore {
@@ -24,7 +27,9 @@ impl SqliteStore {
         worker: &str,
     ) -> Result<Vec<Result<StartOutcome>>> {
         let mut tx = self.begin().await?;
-        let out = start_batch_in(&mut tx, now_ms(), items, worker).await?;
+        let mut events = Events::with_capacity(items.len());
+        let out =
+            start_batch_in(&mut tx, now_ms(), items, Targets::Some, worker, &mut events).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -36,51 +41,67 @@ impl SqliteStore {
         actor: &str,
     ) -> Result<Vec<Result<State>>> {
         let mut tx = self.begin().await?;
-        let out = finish_batch_in(&mut tx, now_ms(), items, actor).await?;
+        let now = now_ms();
+        let mut events = Events::with_capacity(items.len());
+        let out = finish_batch_in(&mut tx, now, items, actor, &mut events).await?;
+        events.write(&mut tx, now, actor).await?;
         tx.commit().await?;
         Ok(out)
     }
+}
 
-    /// Finish, claim and start in one transaction: the claim sees the
-    /// slots and locks the finishes just freed.
-    pub(super) async fn do_cycle(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome> {
-        let mut tx = self.begin().await?;
-        let now = now_ms();
-        let finished = finish_batch_in(&mut tx, now, &req.finishes, worker).await?;
-        let jobs = match &req.claim {
-            Some(claim) => claim_in(&mut tx, now, claim).await?,
-            None => Vec::new(),
-        };
-        let (startable, starts) = crate::store::startable(&jobs, &req.specs);
-        let answers = start_batch_in(&mut tx, now, &starts, worker).await?;
-        tx.commit().await?;
-        Ok(CycleOutcome {
-            finished,
-            claimed: crate::store::pair_starts(jobs, startable, answers),
-        })
-    }
+/// Which of a batch's jobs have a target, when the caller knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Targets {
+    /// Some may, some may not.
+    Some,
+    /// Every one has a target (the cycle's claim started the others).
+    All,
 }
 
 /// Start a batch, each start all or nothing, so one job's lost lease or
-/// busy lock leaves the others' answers intact. Jobs without a target need
-/// no lock: each group of one spec starts in two statements. What is left
-/// (targets, lost leases) goes one by one through the full start.
-async fn start_batch_in(
+/// busy lock leaves the others' answers intact. Per spec, jobs without a
+/// target start in one statement and jobs with one take their locks in
+/// two; `events` (with whatever the caller recorded before) is then
+/// written. What is left (a busy lock, a lost lease) goes one by one
+/// through the full start, which names the holder.
+pub(super) async fn start_batch_in(
     tx: &mut SqliteConnection,
     now: i64,
     items: &[(LeaseRef, StartSpec)],
+    targets: Targets,
     worker: &str,
+    events: &mut Events,
 ) -> Result<Vec<Result<StartOutcome>>> {
-    let mut started = std::collections::HashMap::new();
+    let mut started: HashMap<LeaseRef, (i32, Option<i64>)> = HashMap::new();
     for (spec, leases) in group_by_spec(items) {
-        started.extend(start_untargeted(tx, now, &leases, &spec, worker).await?);
+        if targets == Targets::Some {
+            let untargeted = start_untargeted(tx, now, &leases, &spec).await?;
+            started.extend(untargeted.into_iter().map(|(l, a)| (l, (a, None))));
+        }
+        let rest: Vec<LeaseRef> = leases
+            .into_iter()
+            .filter(|l| !started.contains_key(l))
+            .collect();
+        started.extend(start_targeted(tx, now, &rest, &spec, worker).await?);
     }
+    for (lease, _) in items {
+        if let Some((attempt, fence)) = started.get(lease) {
+            events.push(
+                lease.id,
+                State::Leased,
+                State::Running,
+                start_detail(*attempt, *fence),
+            );
+        }
+    }
+    events.write(tx, now, worker).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, spec) in items {
         out.push(match started.get(lease) {
-            Some(attempt) => Ok(StartOutcome::Started {
+            Some((attempt, fence)) => Ok(StartOutcome::Started {
                 attempt: *attempt,
-                fence: None,
+                fence: *fence,
             }),
             None => item_answer(start_in(tx, now, *lease, spec, worker).await)?,
         });
@@ -88,120 +109,171 @@ async fn start_batch_in(
     Ok(out)
 }
 
-/// Finish a batch, each finish all or nothing. Successes, the bulk of any
-/// batch, take three statements together; the rest go one by one through
-/// the full decision.
-async fn finish_batch_in(
+/// Finish a batch, each finish all or nothing. The rest go one by one
+/// through the full decision first; successes, the bulk of any batch,
+/// then take one or two statements together, their events left in
+/// `events` for the caller to write.
+pub(super) async fn finish_batch_in(
     tx: &mut SqliteConnection,
     now: i64,
     items: &[(LeaseRef, Outcome)],
     actor: &str,
+    events: &mut Events,
 ) -> Result<Vec<Result<State>>> {
-    let done = succeed_all(tx, now, &successes(items), actor).await?;
+    let mut others = HashMap::new();
+    for (lease, outcome) in items {
+        if *outcome != Outcome::Succeeded {
+            let answer = item_answer(finish_in(tx, now, *lease, outcome.clone(), actor).await)?;
+            others.insert(*lease, answer);
+        }
+    }
+    let done = succeed_all(tx, now, &successes(items), events).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
-        out.push(if *outcome == Outcome::Succeeded {
-            if done.contains(lease) {
-                Ok(State::Succeeded)
-            } else {
-                Err(StoreError::LeaseLost(lease.id))
-            }
+        out.push(if *outcome != Outcome::Succeeded {
+            others
+                .remove(lease)
+                .unwrap_or(Err(StoreError::LeaseLost(lease.id)))
+        } else if done.contains(lease) {
+            Ok(State::Succeeded)
         } else {
-            item_answer(finish_in(tx, now, *lease, outcome.clone(), actor).await)?
+            Err(StoreError::LeaseLost(lease.id))
         });
     }
     Ok(out)
 }
 
 /// Start every listed leased job that has no target (no lock to take):
-/// count the attempt, write `running`, record the events. Returns the
-/// attempt of each job started; the others are left untouched.
+/// count the attempt, write `running`. Returns the attempt of each job
+/// started; the others are left untouched.
 async fn start_untargeted(
     tx: &mut SqliteConnection,
     now: i64,
     leases: &[LeaseRef],
     spec: &StartSpec,
-    worker: &str,
-) -> Result<std::collections::HashMap<LeaseRef, i32>> {
+) -> Result<HashMap<LeaseRef, i32>> {
     if leases.is_empty() {
-        return Ok(Default::default());
+        return Ok(HashMap::new());
     }
     job::check(leases[0].id, State::Leased, Move::Start)?;
-    let pairs = lease_pairs(leases)?;
     let rows = sqlx::query(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
              started_at = ?1, lock_fence = NULL, on_stale = ?3, backoff_ms = ?4
          WHERE state = 'leased' AND target IS NULL
-           AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                                     FROM json_each(?5))
+           AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?5))
          RETURNING id, lease_token, attempt",
     )
     .bind(now)
     .bind(ms(spec.lease))
     .bind(spec.on_stale.as_str())
     .bind(ms(spec.backoff))
-    .bind(&pairs)
+    .bind(lease_pairs(leases)?)
     .fetch_all(&mut *tx)
     .await?;
-    let mut started = std::collections::HashMap::new();
-    let mut events = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let id: i64 = row.try_get("id")?;
-        let attempt: i32 = row.try_get("attempt")?;
-        started.insert(
-            LeaseRef {
-                id,
+    rows.iter()
+        .map(|row| {
+            let lease = LeaseRef {
+                id: row.try_get("id")?,
                 token: row.try_get("lease_token")?,
-            },
-            attempt,
-        );
-        events.push(serde_json::json!([
-            id,
-            crate::store::start_detail(attempt, None)
-        ]));
-    }
-    if !events.is_empty() {
-        sqlx::query(
-            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
-             SELECT json_extract(value, '$[0]'), ?, 'leased', 'running', ?, json_extract(value, '$[1]')
-             FROM json_each(?) ORDER BY key",
-        )
-        .bind(now)
-        .bind(worker)
-        .bind(serde_json::Value::Array(events).to_string())
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(started)
+            };
+            Ok((lease, row.try_get("attempt")?))
+        })
+        .collect()
 }
 
-/// Mark every listed running job succeeded, release their locks by fence
-/// and record the events: three statements for the whole batch. Returns
-/// the ids that were still held (the others' leases were lost).
+/// Start every listed leased job that has a target whose lock is free:
+/// take the locks in one statement (fence + 1, in target order, the
+/// smallest id first where two jobs want one target), then write
+/// `running` with each fence and count the attempt in a second. A lock
+/// held by another job is left untouched, and so is its contender: the
+/// per-job start answers it, naming the holder.
+async fn start_targeted(
+    tx: &mut SqliteConnection,
+    now: i64,
+    leases: &[LeaseRef],
+    spec: &StartSpec,
+    worker: &str,
+) -> Result<HashMap<LeaseRef, (i32, Option<i64>)>> {
+    if leases.is_empty() {
+        return Ok(HashMap::new());
+    }
+    job::check(leases[0].id, State::Leased, Move::Start)?;
+    let lease_ms = ms(spec.lease);
+    // An upsert's RETURNING names only the rows it inserted or updated:
+    // exactly the locks this statement took.
+    let taken: Vec<(i64, i64)> = sqlx::query_as(
+        "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
+         SELECT target, 1, id, ?2, ?3, ?3 + ?4 FROM jobs
+         WHERE state = 'leased' AND target IS NOT NULL
+           AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?1))
+         ORDER BY target, id
+         ON CONFLICT (target) DO UPDATE SET fence = locks.fence + 1,
+             holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
+             acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+         WHERE locks.holder_job IS NULL
+         RETURNING holder_job, fence",
+    )
+    .bind(lease_pairs(leases)?)
+    .bind(worker)
+    .bind(now)
+    .bind(lease_ms)
+    .fetch_all(&mut *tx)
+    .await?;
+    if taken.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let taken = serde_json::to_string(&taken)
+        .map_err(|e| StoreError::Invalid(format!("bad lock list: {e}")))?;
+    let rows = sqlx::query(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
+             started_at = ?1, lock_fence = t.value ->> 1, on_stale = ?3, backoff_ms = ?4
+         FROM json_each(?5) AS t
+         WHERE jobs.id = t.value ->> 0 AND jobs.state = 'leased'
+         RETURNING id, lease_token, attempt, lock_fence",
+    )
+    .bind(now)
+    .bind(lease_ms)
+    .bind(spec.on_stale.as_str())
+    .bind(ms(spec.backoff))
+    .bind(taken)
+    .fetch_all(&mut *tx)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let lease = LeaseRef {
+                id: row.try_get("id")?,
+                token: row.try_get("lease_token")?,
+            };
+            Ok((lease, (row.try_get("attempt")?, row.try_get("lock_fence")?)))
+        })
+        .collect()
+}
+
+/// Mark every listed running job succeeded and release their locks by
+/// fence (a second statement, only when some held one), leaving the
+/// events in `events`. Returns the leases that were still held (the
+/// others were lost).
 async fn succeed_all(
     tx: &mut SqliteConnection,
     now: i64,
     leases: &[LeaseRef],
-    actor: &str,
-) -> Result<std::collections::HashSet<LeaseRef>> {
+    events: &mut Events,
+) -> Result<HashSet<LeaseRef>> {
     if leases.is_empty() {
-        return Ok(Default::default());
+        return Ok(HashSet::new());
     }
     job::check(leases[0].id, State::Running, Move::Succeed)?;
-    let pairs = lease_pairs(leases)?;
     let rows = sqlx::query(
         "UPDATE jobs SET state = 'succeeded', finished_at = ?1, lease_expires_at = NULL
          WHERE state = 'running'
-           AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                                     FROM json_each(?2))
+           AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2))
          RETURNING id, lease_token, target, lock_fence",
     )
     .bind(now)
-    .bind(&pairs)
+    .bind(lease_pairs(leases)?)
     .fetch_all(&mut *tx)
     .await?;
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut done = std::collections::HashSet::new();
+    let mut done = HashSet::with_capacity(rows.len());
     let mut held = Vec::new();
     for row in &rows {
         let id: i64 = row.try_get("id")?;
@@ -212,30 +284,28 @@ async fn succeed_all(
         let target: Option<String> = row.try_get("target")?;
         let fence: Option<i64> = row.try_get("lock_fence")?;
         if let (Some(t), Some(f)) = (target, fence) {
-            held.push(serde_json::json!([t, f, id]));
+            held.push((t, f, id));
         }
-        ids.push(id);
+    }
+    // RETURNING has no defined order; the history follows the request's.
+    for lease in leases {
+        if done.contains(lease) {
+            events.push(lease.id, State::Running, State::Succeeded, String::new());
+        }
     }
     if !held.is_empty() {
         sqlx::query(
             "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL,
                  expires_at = NULL
              WHERE (target, fence, holder_job) IN (
-                 SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
-                        json_extract(value, '$[2]') FROM json_each(?))",
+                 SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?))",
         )
-        .bind(serde_json::Value::Array(held).to_string())
+        .bind(
+            serde_json::to_string(&held)
+                .map_err(|e| StoreError::Invalid(format!("bad lock list: {e}")))?,
+        )
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query(
-        "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
-         SELECT value, ?, 'running', 'succeeded', ?, '' FROM json_each(?) ORDER BY key",
-    )
-    .bind(now)
-    .bind(actor)
-    .bind(serde_json::to_string(&ids).map_err(|e| StoreError::Invalid(e.to_string()))?)
-    .execute(&mut *tx)
-    .await?;
     Ok(done)
 }

@@ -26,7 +26,9 @@ use super::{
 use crate::job::{Event, Job, State};
 
 mod batch;
+mod cycle;
 mod enqueue;
+mod events;
 mod operator;
 mod read;
 mod rows;

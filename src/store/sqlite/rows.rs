@@ -45,8 +45,12 @@ pub(super) fn ms(d: Duration) -> i64 {
 /// Leases as a JSON list of `[id, token]` pairs, read back with
 /// `json_each` (one bound parameter for a whole batch).
 pub(super) fn lease_pairs(leases: &[crate::store::LeaseRef]) -> Result<String> {
-    serde_json::to_string(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
-        .map_err(|e| crate::store::StoreError::Invalid(format!("bad lease list: {e}")))
+    to_json(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
+}
+
+/// A list bound as one JSON parameter, read back with `json_each`.
+pub(super) fn to_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| StoreError::Invalid(format!("bad JSON list: {e}")))
 }
 
 pub(super) fn to_time(ms: i64) -> Result<DateTime<Utc>> {

@@ -264,32 +264,23 @@ impl SqliteStore {
     }
 }
 
-/// The claim statement and its events, inside the caller's transaction.
-pub(super) async fn claim_in(
-    tx: &mut SqliteConnection,
-    now: i64,
-    req: &ClaimRequest,
-) -> Result<Vec<Job>> {
-    if req.limit == 0 || req.pipelines.is_empty() {
-        return Ok(Vec::new());
-    }
-    let pipelines = serde_json::to_string(&req.pipelines)
-        .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
-    let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
-    // A bare `LIMIT ?` makes SQLite (3.51) plan for the bound value and so
-    // recompile the whole statement at every claim (a fifth of the CPU of a
-    // busy engine); a LIMIT expression keeps the prepared plan.
-    // Candidates come from the claim index in claim order, already without
-    // blocked targets; a window of twice the request (as on Postgres)
-    // leaves room for same-target duplicates, and the window function
-    // then keeps the first job per target
-    // (a job without target is its own partition). The leased-sibling
-    // probe is pinned to the per-target index (its IN term lets the
-    // partial index apply): through the state index it would scan every
-    // leased job for each candidate.
-    let rows = sqlx::query(concat!(
+/// The jobs a claim takes, as the CTE `pick (id, pipeline, target)`, in
+/// claim order; binds ?1 now, ?2 the pipelines (JSON list), ?3 the limit.
+///
+/// A bare `LIMIT ?` makes SQLite (3.51) plan for the bound value and so
+/// recompile the whole statement at every claim (a fifth of the CPU of a
+/// busy engine); a LIMIT expression keeps the prepared plan.
+/// Candidates come from the claim index in claim order, already without
+/// blocked targets; a window of twice the request (as on Postgres) leaves
+/// room for same-target duplicates, and the window function then keeps
+/// the first job per target (a job without target is its own partition).
+/// The leased-sibling probe is pinned to the per-target index (its IN term
+/// lets the partial index apply): through the state index it would scan
+/// every leased job for each candidate.
+macro_rules! claim_picks {
+    () => {
         "WITH cand AS (
-            SELECT id, target, priority, due_at FROM jobs INDEXED BY jobs_claim
+            SELECT id, pipeline, target, priority, due_at FROM jobs INDEXED BY jobs_claim
             WHERE state = 'queued' AND due_at <= ?1
               AND pipeline IN (SELECT value FROM json_each(?2))
               AND (target IS NULL OR (
@@ -301,14 +292,43 @@ pub(super) async fn claim_in(
             ORDER BY priority DESC, due_at, id
             LIMIT ?3 * 2 + 2
         ), ranked AS (
-            SELECT id, priority, due_at, ROW_NUMBER() OVER (
+            SELECT id, pipeline, target, priority, due_at, ROW_NUMBER() OVER (
                 PARTITION BY target, CASE WHEN target IS NULL THEN id END
                 ORDER BY priority DESC, due_at, id) AS rn
             FROM cand
         ), pick AS (
-            SELECT id FROM ranked WHERE rn = 1 ORDER BY priority DESC, due_at, id
-                LIMIT CAST(?3 AS INTEGER)
-        )
+            SELECT id, pipeline, target FROM ranked WHERE rn = 1
+            ORDER BY priority DESC, due_at, id
+            LIMIT CAST(?3 AS INTEGER)
+        )"
+    };
+}
+pub(super) use claim_picks;
+
+/// RETURNING has no defined order: back to the claim's.
+pub(super) fn sort_claim_order(jobs: &mut [Job]) {
+    jobs.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.due_at.cmp(&b.due_at))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
+/// The claim statement and its events, inside the caller's transaction.
+pub(super) async fn claim_in(
+    tx: &mut SqliteConnection,
+    now: i64,
+    req: &ClaimRequest,
+) -> Result<Vec<Job>> {
+    if req.limit == 0 || req.pipelines.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pipelines = rows::to_json(&req.pipelines)?;
+    let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
+    let rows = sqlx::query(concat!(
+        claim_picks!(),
+        "
         UPDATE jobs SET state = 'leased', lease_owner = ?4, lease_token = random(),
             lease_expires_at = ?1 + ?5
         WHERE id IN (SELECT id FROM pick)
@@ -323,16 +343,9 @@ pub(super) async fn claim_in(
     .fetch_all(&mut *tx)
     .await?;
     let mut jobs = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
-    // RETURNING has no defined order.
-    jobs.sort_by(|a, b| {
-        b.priority
-            .cmp(&a.priority)
-            .then(a.due_at.cmp(&b.due_at))
-            .then(a.id.cmp(&b.id))
-    });
+    sort_claim_order(&mut jobs);
     // One statement for the batch's events, in claim order.
-    let ids = serde_json::to_string(&jobs.iter().map(|j| j.id).collect::<Vec<_>>())
-        .map_err(|e| StoreError::Database(format!("bad id list: {e}")))?;
+    let ids = rows::to_json(&jobs.iter().map(|j| j.id).collect::<Vec<_>>())?;
     sqlx::query(
         "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
          SELECT value, ?, 'queued', 'leased', ?, '' FROM json_each(?) ORDER BY key",
