@@ -9,7 +9,7 @@
 mod common;
 
 use jobdeck::job::{StalePolicy, State};
-use jobdeck::store::{CycleRequest, LeaseRef, Outcome, StartOutcome, Store};
+use jobdeck::store::{CycleOutcome, CycleRequest, LeaseRef, Outcome, StartOutcome, Store};
 
 use common::*;
 
@@ -37,6 +37,14 @@ async fn moves(store: &Store, id: i64) -> Vec<(Option<State>, State, String)> {
         .into_iter()
         .map(|e| (e.from, e.to, e.detail))
         .collect()
+}
+
+/// How a claimed job started: (attempt, fence), or `None` when left leased.
+type Started = Option<(i32, Option<i64>)>;
+
+/// What a cycle claimed, in order, and how each claimed job started.
+fn starts(out: &CycleOutcome) -> Vec<(i64, Started)> {
+    out.claimed.iter().map(|c| (c.job.id, c.started)).collect()
 }
 
 /// A target whose lock was taken and released `times` times (fence = times).
@@ -167,8 +175,7 @@ contract_test!(a_cycle_starts_what_it_claims_in_order, |store| async move {
         specs: vec![("p".into(), sp)],
     };
     let out = store.cycle(&req, "w-1").await.unwrap();
-    let got: Vec<(i64, Option<(i32, Option<i64>)>)> =
-        out.claimed.iter().map(|c| (c.job.id, c.started)).collect();
+    let got = starts(&out);
     assert_eq!(
         got,
         vec![
@@ -221,8 +228,7 @@ contract_test!(a_cycle_starts_what_it_claims_in_order, |store| async move {
             .iter()
             .all(|f| matches!(f, Ok(State::Succeeded)))
     );
-    let got: Vec<(i64, Option<(i32, Option<i64>)>)> =
-        out.claimed.iter().map(|c| (c.job.id, c.started)).collect();
+    let got = starts(&out);
     assert_eq!(got, vec![(twin, Some((1, Some(2))))]);
     let locks = store.list_locks().await.unwrap();
     let mut held: Vec<(String, i64, i64)> = locks
