@@ -24,8 +24,10 @@ use super::{
     WorkerInfo, redact_url,
 };
 use crate::job::{Event, Job, State};
+use checkpoint::Checkpoints;
 
 mod batch;
+mod checkpoint;
 mod cycle;
 mod enqueue;
 mod events;
@@ -58,6 +60,8 @@ pub struct SqliteStore {
     /// of polling SQLite's lock against a writer that takes it back within
     /// microseconds (a busy engine starved renewals past busy_timeout).
     gate: Arc<RwLock<()>>,
+    /// The writing connection's checkpoints, done elsewhere.
+    checkpoints: Arc<Checkpoints>,
 }
 
 /// A `BEGIN IMMEDIATE` transaction, holding this process's writer slot
@@ -66,6 +70,8 @@ struct WriteTx {
     tx: Transaction<'static, Sqlite>,
     _slot: Option<OwnedMutexGuard<()>>,
     _gate: Gate,
+    /// Set on the writing connection, which leaves checkpoints to these.
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 /// How a transaction passed the gate (held until it ends).
@@ -76,7 +82,11 @@ enum Gate {
 
 impl WriteTx {
     async fn commit(self) -> Result<()> {
-        Ok(self.tx.commit().await?)
+        self.tx.commit().await?;
+        if let Some(c) = &self.checkpoints {
+            c.after_commit();
+        }
+        Ok(())
     }
 }
 
@@ -144,10 +154,11 @@ impl SqliteStore {
             .max_lifetime(None)
             .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(opts)
+            .connect_with(opts.pragma("wal_autocheckpoint", "0"))
             .await
             .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
         Ok(SqliteStore {
+            checkpoints: Checkpoints::new(pool.clone()),
             pool,
             writer,
             url: url.to_string(),
@@ -174,6 +185,7 @@ impl SqliteStore {
             tx,
             _slot: Some(slot),
             _gate: gate,
+            checkpoints: Some(self.checkpoints.clone()),
         })
     }
 
@@ -187,6 +199,7 @@ impl SqliteStore {
             tx,
             _slot: None,
             _gate: gate,
+            checkpoints: None,
         })
     }
 }
