@@ -11,7 +11,7 @@ use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
 use super::events::Events;
-use super::rows::{lease_pairs, ms, now_ms};
+use super::rows::{lease_pairs, ms, now_ms, to_json};
 use super::worker::{finish_in, start_in};
 use crate::job::{self, Move, State};
 use crate::store::{
@@ -28,8 +28,7 @@ impl SqliteStore {
     ) -> Result<Vec<Result<StartOutcome>>> {
         let mut tx = self.begin().await?;
         let mut events = Events::with_capacity(items.len());
-        let out =
-            start_batch_in(&mut tx, now_ms(), items, Targets::Some, worker, &mut events).await?;
+        let out = start_batch_in(&mut tx, now_ms(), items, worker, &mut events).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -43,20 +42,12 @@ impl SqliteStore {
         let mut tx = self.begin().await?;
         let now = now_ms();
         let mut events = Events::with_capacity(items.len());
-        let out = finish_batch_in(&mut tx, now, items, actor, &mut events).await?;
+        let (out, held) = finish_batch_in(&mut tx, now, items, actor, &mut events).await?;
+        release_locks(&mut tx, &held).await?;
         events.write(&mut tx, now, actor).await?;
         tx.commit().await?;
         Ok(out)
     }
-}
-
-/// Which of a batch's jobs have a target, when the caller knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Targets {
-    /// Some may, some may not.
-    Some,
-    /// Every one has a target (the cycle's claim started the others).
-    All,
 }
 
 /// Start a batch, each start all or nothing, so one job's lost lease or
@@ -65,20 +56,17 @@ pub(super) enum Targets {
 /// two; `events` (with whatever the caller recorded before) is then
 /// written. What is left (a busy lock, a lost lease) goes one by one
 /// through the full start, which names the holder.
-pub(super) async fn start_batch_in(
+async fn start_batch_in(
     tx: &mut SqliteConnection,
     now: i64,
     items: &[(LeaseRef, StartSpec)],
-    targets: Targets,
     worker: &str,
     events: &mut Events,
 ) -> Result<Vec<Result<StartOutcome>>> {
     let mut started: HashMap<LeaseRef, (i32, Option<i64>)> = HashMap::new();
     for (spec, leases) in group_by_spec(items) {
-        if targets == Targets::Some {
-            let untargeted = start_untargeted(tx, now, &leases, &spec).await?;
-            started.extend(untargeted.into_iter().map(|(l, a)| (l, (a, None))));
-        }
+        let untargeted = start_untargeted(tx, now, &leases, &spec).await?;
+        started.extend(untargeted.into_iter().map(|(l, a)| (l, (a, None))));
         let rest: Vec<LeaseRef> = leases
             .into_iter()
             .filter(|l| !started.contains_key(l))
@@ -109,17 +97,23 @@ pub(super) async fn start_batch_in(
     Ok(out)
 }
 
+/// A lock a job held when it succeeded, not yet released: (target, fence,
+/// job).
+pub(super) type HeldLock = (String, i64, i64);
+
 /// Finish a batch, each finish all or nothing. The rest go one by one
 /// through the full decision first; successes, the bulk of any batch,
-/// then take one or two statements together, their events left in
-/// `events` for the caller to write.
+/// then take one statement together, their events left in `events` and
+/// the locks they held returned for the caller to release (see
+/// [`release_locks`]; the cycle hands them on in the same statement that
+/// takes its new locks).
 pub(super) async fn finish_batch_in(
     tx: &mut SqliteConnection,
     now: i64,
     items: &[(LeaseRef, Outcome)],
     actor: &str,
     events: &mut Events,
-) -> Result<Vec<Result<State>>> {
+) -> Result<(Vec<Result<State>>, Vec<HeldLock>)> {
     let mut others = HashMap::new();
     for (lease, outcome) in items {
         if *outcome != Outcome::Succeeded {
@@ -127,7 +121,7 @@ pub(super) async fn finish_batch_in(
             others.insert(*lease, answer);
         }
     }
-    let done = succeed_all(tx, now, &successes(items), events).await?;
+    let (done, held) = succeed_all(tx, now, &successes(items), events).await?;
     let mut out = Vec::with_capacity(items.len());
     for (lease, outcome) in items {
         out.push(if *outcome != Outcome::Succeeded {
@@ -140,7 +134,25 @@ pub(super) async fn finish_batch_in(
             Err(StoreError::LeaseLost(lease.id))
         });
     }
-    Ok(out)
+    Ok((out, held))
+}
+
+/// Free the locks finished jobs held, each only while that job still
+/// holds it under its fence.
+pub(super) async fn release_locks(tx: &mut SqliteConnection, held: &[HeldLock]) -> Result<()> {
+    if held.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL,
+             expires_at = NULL
+         WHERE (target, fence, holder_job) IN (
+             SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?))",
+    )
+    .bind(to_json(held)?)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// Start every listed leased job that has no target (no lock to take):
@@ -222,8 +234,7 @@ async fn start_targeted(
     if taken.is_empty() {
         return Ok(HashMap::new());
     }
-    let taken = serde_json::to_string(&taken)
-        .map_err(|e| StoreError::Invalid(format!("bad lock list: {e}")))?;
+    let taken = to_json(&taken)?;
     let rows = sqlx::query(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
              started_at = ?1, lock_fence = t.value ->> 1, on_stale = ?3, backoff_ms = ?4
@@ -249,18 +260,17 @@ async fn start_targeted(
         .collect()
 }
 
-/// Mark every listed running job succeeded and release their locks by
-/// fence (a second statement, only when some held one), leaving the
-/// events in `events`. Returns the leases that were still held (the
-/// others were lost).
+/// Mark every listed running job succeeded, leaving the events in
+/// `events`. Returns the leases that were still held (the others were
+/// lost) and the locks those jobs held.
 async fn succeed_all(
     tx: &mut SqliteConnection,
     now: i64,
     leases: &[LeaseRef],
     events: &mut Events,
-) -> Result<HashSet<LeaseRef>> {
+) -> Result<(HashSet<LeaseRef>, Vec<HeldLock>)> {
     if leases.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Default::default());
     }
     job::check(leases[0].id, State::Running, Move::Succeed)?;
     let rows = sqlx::query(
@@ -293,19 +303,5 @@ async fn succeed_all(
             events.push(lease.id, State::Running, State::Succeeded, String::new());
         }
     }
-    if !held.is_empty() {
-        sqlx::query(
-            "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL,
-                 expires_at = NULL
-             WHERE (target, fence, holder_job) IN (
-                 SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each(?))",
-        )
-        .bind(
-            serde_json::to_string(&held)
-                .map_err(|e| StoreError::Invalid(format!("bad lock list: {e}")))?,
-        )
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(done)
+    Ok((done, held))
 }
