@@ -4,9 +4,9 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
-use super::rows::{log_event, notify};
+use super::rows::notify;
 use super::{JOBS_CHANNEL, PgStore, ms};
-use crate::job::{DEFAULT_MAX_ATTEMPTS, State};
+use crate::job::DEFAULT_MAX_ATTEMPTS;
 use crate::store::{Enqueued, NewJob, Result, StoreError};
 
 /// The checks both entry points share; returns the job's max_attempts.
@@ -27,37 +27,17 @@ fn validate(job: &NewJob) -> Result<i32> {
 const ANALYZE_AFTER: usize = 1_000;
 
 impl PgStore {
-    pub(super) async fn enqueue_job(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
+    /// A new job is one statement (row, event and notification, one
+    /// round trip with its commit); a unique key that is taken costs a
+    /// look-up of its holder.
+    pub(super) async fn enqueue_job(&self, mut job: NewJob, actor: &str) -> Result<Enqueued> {
         let max_attempts = validate(&job)?;
-        let args = serde_json::Value::Object(job.args).to_string();
-        let delay = ms(job.delay.unwrap_or_default());
-        let mut tx = self.pool.begin().await?;
+        let args = serde_json::Value::Object(std::mem::take(&mut job.args)).to_string();
         // The unique index arbitrates races: a conflicting insert waits for
         // the other transaction, then does nothing. The holder may finish
         // between our insert and our look-up, hence the few rounds.
         for _ in 0..5 {
-            let inserted: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, unique_key) \
-                 VALUES ($1, $2, $3::jsonb, 'queued', $4, \
-                         COALESCE($5, now() + $6 * interval '1 millisecond'), $7, $8) \
-                 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL \
-                     AND state IN ('queued','leased','running','stale') DO NOTHING \
-                 RETURNING id",
-            )
-            .bind(&job.pipeline)
-            .bind(&job.target)
-            .bind(&args)
-            .bind(job.priority)
-            .bind(job.run_at)
-            .bind(delay)
-            .bind(max_attempts)
-            .bind(&job.unique_key)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(id) = inserted {
-                log_event(&mut tx, id, None, State::Queued, actor, "enqueued").await?;
-                notify(&mut tx, JOBS_CHANNEL, &job.pipeline).await?;
-                tx.commit().await?;
+            if let Some(id) = self.insert_logged(&job, &args, max_attempts, actor).await? {
                 return Ok(Enqueued {
                     id,
                     deduplicated: false,
@@ -68,10 +48,9 @@ impl PgStore {
                  AND state IN ('queued','leased','running','stale')",
             )
             .bind(&job.unique_key)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&self.pool)
             .await?;
             if let Some(id) = holder {
-                tx.commit().await?;
                 return Ok(Enqueued {
                     id,
                     deduplicated: true,
@@ -82,6 +61,43 @@ impl PgStore {
             "enqueue of unique key {:?} kept racing with other writers; try again",
             job.unique_key.unwrap_or_default()
         )))
+    }
+
+    /// Insert the job with its `enqueued` event and wake the workers, in
+    /// one statement; `None` when its unique key is taken.
+    async fn insert_logged(
+        &self,
+        job: &NewJob,
+        args: &str,
+        max_attempts: i32,
+        actor: &str,
+    ) -> Result<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "WITH added AS ( \
+                 INSERT INTO jobs (pipeline, target, args, state, priority, due_at, max_attempts, unique_key) \
+                 VALUES ($1, $2, $3::jsonb, 'queued', $4, \
+                         COALESCE($5, now() + $6 * interval '1 millisecond'), $7, $8) \
+                 ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL \
+                     AND state IN ('queued','leased','running','stale') DO NOTHING \
+                 RETURNING id, pipeline \
+             ), logged AS ( \
+                 INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+                 SELECT id, NULL, 'queued', $9, 'enqueued' FROM added \
+             ) \
+             SELECT added.id FROM added, pg_notify($10, added.pipeline)",
+        )
+        .bind(&job.pipeline)
+        .bind(&job.target)
+        .bind(args)
+        .bind(job.priority)
+        .bind(job.run_at)
+        .bind(ms(job.delay.unwrap_or_default()))
+        .bind(max_attempts)
+        .bind(&job.unique_key)
+        .bind(actor)
+        .bind(JOBS_CHANNEL)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     /// Many jobs in one transaction of three statements, whatever their
