@@ -1,6 +1,8 @@
-//! Database push notifications (Postgres LISTEN/NOTIFY): claim at once when
-//! a job is enqueued anywhere, stop a cancelled job at once. Without them
-//! (SQLite) the claim loop polls and the heartbeat carries cancel requests.
+//! Database push notifications: claim at once when a job is enqueued
+//! anywhere (Postgres LISTEN/NOTIFY; on SQLite any other connection's
+//! commit, seen through its change counter), stop a cancelled job at once
+//! (Postgres only: on SQLite the heartbeat carries cancel requests). The
+//! claim loop's poll stays the backstop.
 
 use std::sync::Arc;
 

@@ -424,7 +424,8 @@ pub enum FireSlot {
     Manual,
 }
 
-/// A wake-up pushed by the database (Postgres LISTEN/NOTIFY).
+/// A wake-up pushed by the database (Postgres LISTEN/NOTIFY; SQLite:
+/// another connection committed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
     /// A job was enqueued or a schedule fired.
@@ -444,7 +445,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The database's clock.
     async fn now(&self) -> Result<DateTime<Utc>>;
     /// Notifications of new jobs and cancel requests, where the database can
-    /// push them; `None` means poll.
+    /// tell them; `None` means poll.
     async fn notices(&self) -> Result<Option<NoticeStream>> {
         Ok(None)
     }

@@ -18,3 +18,4 @@ mod fencing;
 mod scheduler;
 mod shutdown;
 mod steps;
+mod wakeups;

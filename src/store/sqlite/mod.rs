@@ -19,9 +19,9 @@ use tokio::sync::{Mutex, OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWrite
 
 use super::{
     Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
-    Enqueued, ExpireReport, FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob, Outcome,
-    Renewal, Result, ScheduleDef, ScheduleInfo, StartOutcome, StartSpec, StoreError, WorkerBeat,
-    WorkerInfo, redact_url,
+    Enqueued, ExpireReport, FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob,
+    NoticeStream, Outcome, Renewal, Result, ScheduleDef, ScheduleInfo, StartOutcome, StartSpec,
+    StoreError, WorkerBeat, WorkerInfo, redact_url,
 };
 use crate::job::{Event, Job, State};
 use checkpoint::Checkpoints;
@@ -31,6 +31,7 @@ mod checkpoint;
 mod cycle;
 mod enqueue;
 mod events;
+mod notices;
 mod operator;
 mod read;
 mod rows;
@@ -216,6 +217,10 @@ impl Backend for SqliteStore {
 
     async fn now(&self) -> Result<DateTime<Utc>> {
         rows::to_time(rows::now_ms())
+    }
+
+    async fn notices(&self) -> Result<Option<NoticeStream>> {
+        Ok(Some(notices::changes(&self.url).await?))
     }
 
     async fn enqueue(&self, job: NewJob, actor: &str) -> Result<Enqueued> {
