@@ -235,7 +235,10 @@ pub async fn run(
                 }
             }
             Some(f) = finish_rx.recv() => finishes.push(f),
-            Some(_) = jobs.join_next(), if !jobs.is_empty() => {}
+            // Only a drain waits for the tasks themselves: a task whose job
+            // ends frees its slot through the cycle or `wake`, and waking
+            // this loop for every task's exit besides cost a pass per job.
+            Some(_) = jobs.join_next(), if drain_deadline.is_some() && !jobs.is_empty() => {}
             _ = ctx.wake.notified(), if claiming => claim_due = true,
             _ = tokio::time::sleep(poll), if claiming => claim_due = true,
             _ = sleep_until(drain_deadline), if drain_deadline.is_some() && !shutdown_sent => {
