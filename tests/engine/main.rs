@@ -17,5 +17,6 @@ mod crash;
 mod fencing;
 mod scheduler;
 mod shutdown;
+mod sqlite_load;
 mod steps;
 mod wakeups;

@@ -25,6 +25,7 @@ use super::{
 };
 use crate::job::{Event, Job, State};
 use checkpoint::Checkpoints;
+use write_lock::{WriteLock, WriteTurn};
 
 mod batch;
 mod checkpoint;
@@ -37,6 +38,7 @@ mod read;
 mod rows;
 mod schedule;
 mod worker;
+mod write_lock;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -63,6 +65,9 @@ pub struct SqliteStore {
     gate: Arc<RwLock<()>>,
     /// The writing connection's checkpoints, done elsewhere.
     checkpoints: Arc<Checkpoints>,
+    /// Other jobdeck processes' writers queue with ours here (`None` in
+    /// memory).
+    write_lock: Option<WriteLock>,
 }
 
 /// A `BEGIN IMMEDIATE` transaction, holding this process's writer slot
@@ -71,6 +76,8 @@ struct WriteTx {
     tx: Transaction<'static, Sqlite>,
     _slot: Option<OwnedMutexGuard<()>>,
     _gate: Gate,
+    /// Released after the transaction, as the fields drop in order.
+    _turn: Option<WriteTurn>,
     /// Set on the writing connection, which leaves checkpoints to these.
     checkpoints: Option<Arc<Checkpoints>>,
 }
@@ -148,6 +155,7 @@ impl SqliteStore {
             .flatten();
         super::migrate::check_version(&MIGRATOR, applied)?;
         migrate(&pool).await?;
+        let write_lock = WriteLock::beside(opts.get_filename())?;
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
@@ -159,6 +167,7 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
         Ok(SqliteStore {
+            write_lock,
             checkpoints: Checkpoints::new(pool.clone()),
             pool,
             writer,
@@ -176,16 +185,26 @@ impl SqliteStore {
         BackendKind::Sqlite
     }
 
+    /// This process's turn among all jobdeck writers of the file.
+    async fn turn(&self) -> Result<Option<WriteTurn>> {
+        match &self.write_lock {
+            Some(lock) => Ok(Some(lock.turn().await?)),
+            None => Ok(None),
+        }
+    }
+
     /// A writing transaction that holds the write lock from its first
     /// statement, so a read-then-write never fails with BUSY_SNAPSHOT.
     async fn begin(&self) -> Result<WriteTx> {
         let slot = self.writers.clone().lock_owned().await;
         let gate = Gate::Shared(self.gate.clone().read_owned().await);
+        let turn = self.turn().await?;
         let tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         Ok(WriteTx {
             tx,
             _slot: Some(slot),
             _gate: gate,
+            _turn: turn,
             checkpoints: Some(self.checkpoints.clone()),
         })
     }
@@ -195,11 +214,13 @@ impl SqliteStore {
     /// enqueues, only for the one write in progress.
     async fn begin_urgent(&self) -> Result<WriteTx> {
         let gate = Gate::Alone(self.gate.clone().write_owned().await);
+        let turn = self.turn().await?;
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         Ok(WriteTx {
             tx,
             _slot: None,
             _gate: gate,
+            _turn: turn,
             checkpoints: None,
         })
     }
