@@ -3,15 +3,21 @@
 //! WAL's pages into the database file and waits for two fsyncs, several
 //! milliseconds during which the write lock is free but the writer is not.
 //! A busy engine crossed it every 60 cycles or so, about a tenth of its
-//! time. The writing connection therefore never checkpoints; its commits
-//! start a passive checkpoint on a pooled connection instead (its own
-//! thread), at most every `EVERY`, which copies whatever is committed
-//! while the next transactions go on.
+//! time. The writing connection therefore checkpoints only past a much
+//! larger WAL; its commits start a passive checkpoint on a pooled
+//! connection instead (its own thread), at most every `EVERY`, which
+//! copies whatever is committed while the next transactions go on.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::SqlitePool;
+
+/// The writing connection's own `wal_autocheckpoint`, in pages: a safety
+/// net for processes whose commits never get to start a checkpoint (a
+/// `jobdeck enqueue` exits first), far above what the checkpoints started
+/// below leave in the WAL of a busy engine (about 2,000 pages).
+pub(super) const WRITER_AUTOCHECKPOINT: &str = "10000";
 
 /// How often a writer's commit may start a checkpoint. At the engine's
 /// pace this keeps the WAL within a few thousand pages; a WAL that every

@@ -163,7 +163,7 @@ impl SqliteStore {
             .max_lifetime(None)
             .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(opts.pragma("wal_autocheckpoint", "0"))
+            .connect_with(opts.pragma("wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT))
             .await
             .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
         Ok(SqliteStore {
