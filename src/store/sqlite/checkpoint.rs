@@ -3,25 +3,30 @@
 //! WAL's pages into the database file and waits for two fsyncs, several
 //! milliseconds during which the write lock is free but the writer is not.
 //! A busy engine crossed it every 60 cycles or so, about a tenth of its
-//! time. The writing connection therefore checkpoints only past a much
-//! larger WAL; its commits start a passive checkpoint on a pooled
-//! connection instead (its own thread), at most every `EVERY`, which
-//! copies whatever is committed while the next transactions go on.
+//! time. The writing connection's commits therefore start a passive
+//! checkpoint on a pooled connection (its own thread), at most every
+//! `EVERY`, which copies whatever is committed while the next transactions
+//! go on.
+//!
+//! Such a checkpoint never quite catches up with a writer that keeps
+//! committing, and SQLite reuses the WAL from its start only after a
+//! checkpoint that copied all of it: the writing connection still
+//! checkpoints itself, but past `WRITER_AUTOCHECKPOINT` pages, when most
+//! of them have been copied already. That bounds the WAL (about 40 MB).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::SqlitePool;
 
-/// The writing connection's own `wal_autocheckpoint`, in pages: a safety
-/// net for processes whose commits never get to start a checkpoint (a
-/// `jobdeck enqueue` exits first), far above what the checkpoints started
-/// below leave in the WAL of a busy engine (about 2,000 pages).
+/// The writing connection's own `wal_autocheckpoint`, in pages (ten times
+/// SQLite's default): where it checkpoints in its commit and so lets the
+/// next transaction reuse the WAL. It is also the only checkpoint of a
+/// process that exits before a started one ran (`jobdeck enqueue`).
 pub(super) const WRITER_AUTOCHECKPOINT: &str = "10000";
 
-/// How often a writer's commit may start a checkpoint. At the engine's
-/// pace this keeps the WAL within a few thousand pages; a WAL that every
-/// reader has moved past is reused from its start by the next writer.
+/// How often a writer's commit may start a checkpoint: at the engine's
+/// pace, a couple of thousand pages each.
 const EVERY: Duration = Duration::from_millis(100);
 
 #[derive(Debug)]
