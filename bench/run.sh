@@ -178,7 +178,7 @@ if wanted sqlite-wal-update; then
   measure sqlite-wal-update "" python3 "$BENCH/peers/sqlite_update.py" --seconds "$SQLITE_S"
 fi
 
-if wanted jobdeck && setup_jobdeck; then
+if { wanted jobdeck-postgres || wanted jobdeck-sqlite; } && setup_jobdeck; then
   JD=("$JOBDECK" bench --jobs "$JOBS" --slots "$CONC" --latency-jobs "$LAT_JOBS" --json)
   measure jobdeck-postgres bench_jobdeck "${JD[@]}" --db "{URL}"
   measure jobdeck-postgres-t100 bench_jobdeck "${JD[@]}" --db "{URL}" --targets 100
