@@ -10,7 +10,9 @@
 //! a file beside the database: a waiter sleeps in the kernel and is woken
 //! at the release, instead of polling. SQLite's own lock stays the rule;
 //! this only orders jobdeck's writers (anything else still meets the busy
-//! timeout).
+//! timeout). An `flock` belongs to the open file, which all of a process's
+//! transactions share: it orders processes, not one process's own writers,
+//! which the store's writer mutex and gate keep one at a time.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
