@@ -1,6 +1,7 @@
 //! Group commit: many starts or finishes in one transaction, and the
-//! engine's cycle (finish, claim, start in one commit). Starts, with or
-//! without a target, and successes finish in set-based statements;
+//! engine's cycle (finish, claim, start in one commit: when its finishes
+//! are all successes, one call of the server-side `jobdeck_cycle`). Starts,
+//! with or without a target, and successes finish in set-based statements;
 //! everything else goes through the per-job path of `worker.rs` inside the
 //! same transaction, each write all or nothing.
 
@@ -69,9 +70,7 @@ impl PgStore {
             claimed: crate::store::pair_starts(jobs, startable, answers),
         })
     }
-}
 
-impl PgStore {
     /// A cycle whose finishes are all successes (the common case) in one
     /// call of `jobdeck_cycle` (migration 0003): one round trip, and the
     /// statement's own commit. Failures need the full decision of
