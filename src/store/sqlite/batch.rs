@@ -11,7 +11,7 @@ use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
 use super::events::Events;
-use super::rows::{lease_pairs, ms, now_ms, to_json};
+use super::rows::{lease_of, lease_pairs, ms, now_ms, to_json};
 use super::worker::{finish_in, start_in};
 use crate::job::{self, Move, State};
 use crate::store::{
@@ -183,13 +183,7 @@ async fn start_untargeted(
     .fetch_all(&mut *tx)
     .await?;
     rows.iter()
-        .map(|row| {
-            let lease = LeaseRef {
-                id: row.try_get("id")?,
-                token: row.try_get("lease_token")?,
-            };
-            Ok((lease, row.try_get("attempt")?))
-        })
+        .map(|row| Ok((lease_of(row)?, row.try_get("attempt")?)))
         .collect()
 }
 
@@ -251,11 +245,8 @@ async fn start_targeted(
     .await?;
     rows.iter()
         .map(|row| {
-            let lease = LeaseRef {
-                id: row.try_get("id")?,
-                token: row.try_get("lease_token")?,
-            };
-            Ok((lease, (row.try_get("attempt")?, row.try_get("lock_fence")?)))
+            let running = (row.try_get("attempt")?, row.try_get("lock_fence")?);
+            Ok((lease_of(row)?, running))
         })
         .collect()
 }
@@ -286,15 +277,12 @@ async fn succeed_all(
     let mut done = HashSet::with_capacity(rows.len());
     let mut held = Vec::new();
     for row in &rows {
-        let id: i64 = row.try_get("id")?;
-        done.insert(LeaseRef {
-            id,
-            token: row.try_get("lease_token")?,
-        });
+        let lease = lease_of(row)?;
+        done.insert(lease);
         let target: Option<String> = row.try_get("target")?;
         let fence: Option<i64> = row.try_get("lock_fence")?;
         if let (Some(t), Some(f)) = (target, fence) {
-            held.push((t, f, id));
+            held.push((t, f, lease.id));
         }
     }
     // RETURNING has no defined order; the history follows the request's.

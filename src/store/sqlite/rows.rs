@@ -48,6 +48,14 @@ pub(super) fn lease_pairs(leases: &[crate::store::LeaseRef]) -> Result<String> {
     to_json(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
 }
 
+/// The lease of a row that returned `id` and `lease_token`.
+pub(super) fn lease_of(row: &SqliteRow) -> Result<crate::store::LeaseRef> {
+    Ok(crate::store::LeaseRef {
+        id: row.try_get("id")?,
+        token: row.try_get("lease_token")?,
+    })
+}
+
 /// A list bound as one JSON parameter, read back with `json_each`.
 pub(super) fn to_json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| StoreError::Invalid(format!("bad JSON list: {e}")))
