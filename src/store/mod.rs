@@ -191,45 +191,6 @@ pub(crate) fn item_answer<T>(r: Result<T>) -> Result<Result<T>> {
     }
 }
 
-/// Which claimed jobs a cycle starts at once (those whose pipeline has a
-/// spec): per job, its index in the returned start list.
-pub(crate) fn startable(
-    jobs: &[Job],
-    specs: &[(String, StartSpec)],
-) -> (Vec<Option<usize>>, Vec<(LeaseRef, StartSpec)>) {
-    let mut index = Vec::with_capacity(jobs.len());
-    let mut starts = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let spec = specs.iter().find(|(p, _)| *p == job.pipeline);
-        match (job.lease_ref(), spec) {
-            (Some(lease), Some((_, spec))) => {
-                index.push(Some(starts.len()));
-                starts.push((lease, *spec));
-            }
-            _ => index.push(None),
-        }
-    }
-    (index, starts)
-}
-
-/// The claimed jobs with the answers of their starts (see [`startable`]).
-pub(crate) fn pair_starts(
-    jobs: Vec<Job>,
-    index: Vec<Option<usize>>,
-    answers: Vec<Result<StartOutcome>>,
-) -> Vec<Claimed> {
-    jobs.into_iter()
-        .zip(index)
-        .map(|(job, i)| {
-            let started = match i.and_then(|i| answers.get(i)) {
-                Some(Ok(StartOutcome::Started { attempt, fence })) => Some((*attempt, *fence)),
-                _ => None,
-            };
-            Claimed { job, started }
-        })
-        .collect()
-}
-
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Renewal {
     Lost,

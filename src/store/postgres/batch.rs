@@ -12,7 +12,7 @@ use sqlx::PgConnection;
 
 use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, ms, rows};
-use crate::job::{self, State};
+use crate::job::{self, Job, State};
 use crate::store::{
     Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec,
     StoreError, group_by_spec, item_answer, successes,
@@ -62,12 +62,12 @@ impl PgStore {
             Some(claim) => claim_in(&mut tx, claim).await?,
             None => Vec::new(),
         };
-        let (startable, starts) = crate::store::startable(&jobs, &req.specs);
+        let (startable, starts) = startable(&jobs, &req.specs);
         let answers = start_batch_in(&mut tx, &starts, worker).await?;
         tx.commit().await?;
         Ok(CycleOutcome {
             finished,
-            claimed: crate::store::pair_starts(jobs, startable, answers),
+            claimed: pair_starts(jobs, startable, answers),
         })
     }
 
@@ -388,4 +388,44 @@ async fn lock_in_id_order(tx: &mut PgConnection, ids: impl Iterator<Item = i64>)
         .execute(&mut *tx)
         .await?;
     Ok(())
+}
+
+/// Which jobs a statement-by-statement cycle starts after its claim (those
+/// whose pipeline has a spec): per job, its index in the returned start
+/// list.
+fn startable(
+    jobs: &[Job],
+    specs: &[(String, StartSpec)],
+) -> (Vec<Option<usize>>, Vec<(LeaseRef, StartSpec)>) {
+    let mut index = Vec::with_capacity(jobs.len());
+    let mut starts = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let spec = specs.iter().find(|(p, _)| *p == job.pipeline);
+        match (job.lease_ref(), spec) {
+            (Some(lease), Some((_, spec))) => {
+                index.push(Some(starts.len()));
+                starts.push((lease, *spec));
+            }
+            _ => index.push(None),
+        }
+    }
+    (index, starts)
+}
+
+/// The claimed jobs with the answers of their starts (see [`startable`]).
+fn pair_starts(
+    jobs: Vec<Job>,
+    index: Vec<Option<usize>>,
+    answers: Vec<Result<StartOutcome>>,
+) -> Vec<Claimed> {
+    jobs.into_iter()
+        .zip(index)
+        .map(|(job, i)| {
+            let started = match i.and_then(|i| answers.get(i)) {
+                Some(Ok(StartOutcome::Started { attempt, fence })) => Some((*attempt, *fence)),
+                _ => None,
+            };
+            Claimed { job, started }
+        })
+        .collect()
 }
