@@ -257,8 +257,6 @@ impl PgStore {
     }
 }
 
-/// The claim statement (with its events), on the caller's connection or
-/// inside its transaction.
 /// How many candidates a claim of `limit` jobs locks: every row in the
 /// window is locked (a tuple write), so it is small; twice the request
 /// leaves room for a few same-target duplicates.
@@ -266,56 +264,30 @@ pub(super) fn claim_window(limit: i64) -> i64 {
     limit.saturating_mul(2).saturating_add(2)
 }
 
+/// The claim (with its events), on the caller's connection or inside its
+/// transaction: the engine's cycle function (migration 0003) with nothing
+/// to finish and no start specs, so the jobs it takes stay leased. Its
+/// statement locks a bounded window of candidates from the claim index,
+/// skipping rows other claimers hold, and keeps the first job per target.
+/// Both target checks there probe an index per candidate (OFFSET 0 keeps
+/// them correlated probes of locks_pkey and jobs_target_active): hashed
+/// over all locks or all leased jobs instead, they read every dead version
+/// that lock and lease churn leaves until a vacuum (5 ms per claim after a
+/// few thousand jobs on 100 targets, against 0.6 ms).
 pub(super) async fn claim_in(conn: &mut PgConnection, req: &ClaimRequest) -> Result<Vec<Job>> {
     if req.limit == 0 || req.pipelines.is_empty() {
         return Ok(Vec::new());
     }
     let limit = i64::try_from(req.limit).unwrap_or(i64::MAX / 16);
-    // Both target checks probe an index per candidate (OFFSET 0 keeps them
-    // correlated probes of locks_pkey and jobs_target_active): hashed over
-    // all locks or all leased jobs instead, they read every dead version
-    // that lock and lease churn leaves until a vacuum (5 ms per claim after
-    // a few thousand jobs on 100 targets, against 0.6 ms).
-    // Lock a bounded window of candidates from the claim index, skipping
-    // rows other claimers hold, then keep the first job per target.
     let rows = sqlx::query(concat!(
-        "WITH candidates AS ( \
-             SELECT j.id, j.target, j.priority, j.due_at FROM jobs j \
-             WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY($1) \
-               AND (j.target IS NULL OR ( \
-                 NOT EXISTS (SELECT 1 FROM locks l \
-                             WHERE l.target = j.target AND l.holder_job IS NOT NULL \
-                             OFFSET 0) \
-                 AND NOT EXISTS (SELECT 1 FROM jobs o \
-                                 WHERE o.target = j.target AND o.state = 'leased' \
-                                 OFFSET 0))) \
-             ORDER BY j.priority DESC, j.due_at, j.id \
-             LIMIT $2 \
-             FOR UPDATE OF j SKIP LOCKED \
-         ), ranked AS ( \
-             SELECT c.id, c.target, c.priority, c.due_at, row_number() OVER ( \
-                 PARTITION BY c.target ORDER BY c.priority DESC, c.due_at, c.id) AS nth \
-             FROM candidates c \
-         ), picked AS ( \
-             SELECT id AS pick_id FROM ranked WHERE nth = 1 OR target IS NULL \
-             ORDER BY priority DESC, due_at, id LIMIT $3 \
-         ), claimed AS ( \
-             UPDATE jobs SET state = 'leased', lease_owner = $4, \
-                 lease_token = nextval('lease_tokens'), \
-                 lease_expires_at = now() + $5 * interval '1 millisecond' \
-             FROM picked WHERE jobs.id = picked.pick_id \
-             RETURNING ",
+        "SELECT ",
         job_cols!(),
-        " ), logged AS ( \
-             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
-             SELECT id, 'queued', 'leased', $4, '' FROM claimed \
-         ) \
-         SELECT * FROM claimed ORDER BY priority DESC, due_at, id"
+        " FROM jobdeck_cycle('{}', '{}', $1, $2, $3, $4, $5, '{}', '{}', '{}', '{}')"
     ))
+    .bind(&req.worker)
     .bind(&req.pipelines)
     .bind(claim_window(limit))
     .bind(limit)
-    .bind(&req.worker)
     .bind(ms(req.lease))
     .fetch_all(&mut *conn)
     .await?;
