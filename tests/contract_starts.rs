@@ -245,3 +245,41 @@ contract_test!(a_cycle_starts_what_it_claims_in_order, |store| async move {
         &(Some(State::Running), State::Succeeded, String::new())
     );
 });
+
+contract_test!(
+    a_lost_finish_keeps_its_lock_from_the_claim,
+    |store| async move {
+        // The cycle's claim counts the locks of the jobs it finishes as free,
+        // but only of those whose success was written: a job whose lease ran
+        // out under `on_stale = hold` keeps its target quarantined.
+        let sp = spec(LONG, StalePolicy::Hold);
+        let (lost, fence) = running_job(&store, "w-1", "p", Some("kept"), sp).await;
+        raw_exec(
+            &store,
+            format!("UPDATE jobs SET state = 'stale' WHERE id = {}", lost.id),
+        )
+        .await;
+        let behind = enqueue(&store, "p", Some("kept")).await;
+        let plain = enqueue(&store, "p", None).await;
+        let req = CycleRequest {
+            finishes: vec![(lost, Outcome::Succeeded)],
+            claim: Some(claim_req("w-1", &["p"], 10, LONG)),
+            specs: vec![("p".into(), sp)],
+        };
+        let out = store.cycle(&req, "w-1").await.unwrap();
+        assert!(
+            matches!(&out.finished[..], [Err(jobdeck::store::StoreError::LeaseLost(id))] if *id == lost.id),
+            "{:?}",
+            out.finished
+        );
+        assert_eq!(starts(&out), vec![(plain, Some((1, None)))]);
+        assert_eq!(store.get_job(behind).await.unwrap().state, State::Queued);
+        assert_eq!(store.get_job(lost.id).await.unwrap().state, State::Stale);
+        let locks = store.list_locks().await.unwrap();
+        let kept = locks
+            .iter()
+            .find(|l| l.target == "kept")
+            .expect("kept lock");
+        assert_eq!((kept.job_id, Some(kept.fence)), (lost.id, fence));
+    }
+);

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection};
 
 use super::SqliteStore;
@@ -105,8 +106,7 @@ pub(super) type HeldLock = (String, i64, i64);
 /// through the full decision first; successes, the bulk of any batch,
 /// then take one statement together, their events left in `events` and
 /// the locks they held returned for the caller to release (see
-/// [`release_locks`]; the cycle hands them on in the same statement that
-/// takes its new locks).
+/// [`release_locks`]).
 pub(super) async fn finish_batch_in(
     tx: &mut SqliteConnection,
     now: i64,
@@ -114,6 +114,19 @@ pub(super) async fn finish_batch_in(
     actor: &str,
     events: &mut Events,
 ) -> Result<(Vec<Result<State>>, Vec<HeldLock>)> {
+    let others = finish_one_by_one(tx, now, items, actor).await?;
+    let (done, held) = succeed_all(tx, now, &successes(items), events).await?;
+    Ok((finish_answers(items, others, &done), held))
+}
+
+/// The finishes of a batch that are not successes, each through the full
+/// decision (retry, fail, cancel) of the per-job path.
+pub(super) async fn finish_one_by_one(
+    tx: &mut SqliteConnection,
+    now: i64,
+    items: &[(LeaseRef, Outcome)],
+    actor: &str,
+) -> Result<HashMap<LeaseRef, Result<State>>> {
     let mut others = HashMap::new();
     for (lease, outcome) in items {
         if *outcome != Outcome::Succeeded {
@@ -121,20 +134,30 @@ pub(super) async fn finish_batch_in(
             others.insert(*lease, answer);
         }
     }
-    let (done, held) = succeed_all(tx, now, &successes(items), events).await?;
-    let mut out = Vec::with_capacity(items.len());
-    for (lease, outcome) in items {
-        out.push(if *outcome != Outcome::Succeeded {
-            others
-                .remove(lease)
-                .unwrap_or(Err(StoreError::LeaseLost(lease.id)))
-        } else if done.contains(lease) {
-            Ok(State::Succeeded)
-        } else {
-            Err(StoreError::LeaseLost(lease.id))
-        });
-    }
-    Ok((out, held))
+    Ok(others)
+}
+
+/// Each finish's answer, in the batch's order: the one-by-one answer, or
+/// whether its success was written (`done`).
+pub(super) fn finish_answers(
+    items: &[(LeaseRef, Outcome)],
+    mut others: HashMap<LeaseRef, Result<State>>,
+    done: &HashSet<LeaseRef>,
+) -> Vec<Result<State>> {
+    items
+        .iter()
+        .map(|(lease, outcome)| {
+            if *outcome != Outcome::Succeeded {
+                others
+                    .remove(lease)
+                    .unwrap_or(Err(StoreError::LeaseLost(lease.id)))
+            } else if done.contains(lease) {
+                Ok(State::Succeeded)
+            } else {
+                Err(StoreError::LeaseLost(lease.id))
+            }
+        })
+        .collect()
 }
 
 /// Free the locks finished jobs held, each only while that job still
@@ -251,10 +274,29 @@ async fn start_targeted(
         .collect()
 }
 
+/// The statement that marks running jobs succeeded; `$now` and `$pairs`
+/// name its parameters (the time, the JSON list of (id, lease token)), so
+/// that the cycle can send it ahead of its claim in one round trip.
+macro_rules! succeed_jobs {
+    ($now:literal, $pairs:literal) => {
+        concat!(
+            "UPDATE jobs SET state = 'succeeded', finished_at = ",
+            $now,
+            ", lease_expires_at = NULL
+             WHERE state = 'running'
+               AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(",
+            $pairs,
+            "))
+             RETURNING id, lease_token, target, lock_fence"
+        )
+    };
+}
+pub(super) use succeed_jobs;
+
 /// Mark every listed running job succeeded, leaving the events in
 /// `events`. Returns the leases that were still held (the others were
 /// lost) and the locks those jobs held.
-async fn succeed_all(
+pub(super) async fn succeed_all(
     tx: &mut SqliteConnection,
     now: i64,
     leases: &[LeaseRef],
@@ -264,19 +306,24 @@ async fn succeed_all(
         return Ok(Default::default());
     }
     job::check(leases[0].id, State::Running, Move::Succeed)?;
-    let rows = sqlx::query(
-        "UPDATE jobs SET state = 'succeeded', finished_at = ?1, lease_expires_at = NULL
-         WHERE state = 'running'
-           AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?2))
-         RETURNING id, lease_token, target, lock_fence",
-    )
-    .bind(now)
-    .bind(lease_pairs(leases)?)
-    .fetch_all(&mut *tx)
-    .await?;
+    let rows = sqlx::query(succeed_jobs!("?1", "?2"))
+        .bind(now)
+        .bind(lease_pairs(leases)?)
+        .fetch_all(&mut *tx)
+        .await?;
+    succeeded(&rows, leases, events)
+}
+
+/// Read what [`succeed_jobs`] returned for `leases`: the leases that were
+/// still held and the locks their jobs held; their events go to `events`.
+pub(super) fn succeeded(
+    rows: &[SqliteRow],
+    leases: &[LeaseRef],
+    events: &mut Events,
+) -> Result<(HashSet<LeaseRef>, Vec<HeldLock>)> {
     let mut done = HashSet::with_capacity(rows.len());
     let mut held = Vec::new();
-    for row in &rows {
+    for row in rows {
         let lease = lease_of(row)?;
         done.insert(lease);
         let target: Option<String> = row.try_get("target")?;

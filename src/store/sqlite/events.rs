@@ -21,6 +21,20 @@ impl Events {
         self.0.push((job, Some(from.as_str()), to.as_str(), detail));
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// What was pushed, as the JSON list [`insert_events`] reads.
+    pub(super) fn to_json(&self) -> Result<String> {
+        serde_json::to_string(&self.0)
+            .map_err(|e| StoreError::Invalid(format!("bad event list: {e}")))
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+
     /// Write what was pushed (one statement) and start over. A job's later
     /// moves written one by one must come after this, so that its history
     /// stays in order.
@@ -30,22 +44,35 @@ impl Events {
         at: i64,
         actor: &str,
     ) -> Result<()> {
-        if self.0.is_empty() {
+        if self.is_empty() {
             return Ok(());
         }
-        let rows = serde_json::to_string(&self.0)
-            .map_err(|e| StoreError::Invalid(format!("bad event list: {e}")))?;
-        sqlx::query(
-            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
-             SELECT value ->> 0, ?1, value ->> 1, value ->> 2, ?2, value ->> 3
-             FROM json_each(?3) ORDER BY key",
-        )
-        .bind(at)
-        .bind(actor)
-        .bind(rows)
-        .execute(&mut *tx)
-        .await?;
-        self.0.clear();
+        sqlx::query(insert_events!("?1", "?2", "?3"))
+            .bind(at)
+            .bind(actor)
+            .bind(self.to_json()?)
+            .execute(&mut *tx)
+            .await?;
+        self.clear();
         Ok(())
     }
 }
+
+/// The statement that writes a batch's events; `$at`, `$actor` and `$rows`
+/// name its parameters (the time, the actor, [`Events::to_json`]), so that
+/// the cycle can send it behind its lock writes in one round trip.
+macro_rules! insert_events {
+    ($at:literal, $actor:literal, $rows:literal) => {
+        concat!(
+            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+             SELECT value ->> 0, ",
+            $at,
+            ", value ->> 1, value ->> 2, ",
+            $actor,
+            ", value ->> 3 FROM json_each(",
+            $rows,
+            ") ORDER BY key"
+        )
+    };
+}
+pub(super) use insert_events;

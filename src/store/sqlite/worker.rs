@@ -266,9 +266,10 @@ impl SqliteStore {
 
 /// The jobs a claim takes, as the CTE `pick (id, pipeline, target)`, in
 /// claim order; binds ?1 now, ?2 the pipelines (JSON list), ?3 the limit,
-/// ?4 the jobs (JSON list of ids) whose locks count as free: the engine's
-/// cycle hands the locks of the jobs it just finished on in one statement
-/// after its claim.
+/// ?4 the jobs (JSON list of ids) whose locks count as free once they
+/// have succeeded: the engine's cycle finishes its jobs just before its
+/// claim and hands their locks on in one statement after it. A listed job
+/// that did not succeed (its lease was lost) keeps its lock here.
 ///
 /// A bare `LIMIT ?` makes SQLite (3.51) plan for the bound value and so
 /// recompile the whole statement at every claim (a fifth of the CPU of a
@@ -289,7 +290,10 @@ macro_rules! claim_picks {
               AND (target IS NULL OR (
                   NOT EXISTS (SELECT 1 FROM locks l
                               WHERE l.target = jobs.target AND l.holder_job IS NOT NULL
-                                AND l.holder_job NOT IN (SELECT value FROM json_each(?4)))
+                                AND l.holder_job NOT IN (
+                                    SELECT h.id FROM jobs h
+                                    WHERE h.id IN (SELECT value FROM json_each(?4))
+                                      AND h.state = 'succeeded'))
                   AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
                                   WHERE o.target = jobs.target AND o.state = 'leased'
                                     AND o.state IN ('queued','leased','running','stale'))))
