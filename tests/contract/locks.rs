@@ -97,7 +97,7 @@ contract_test!(concurrent_starts_on_one_target, |store| async move {
 contract_test!(list_locks_shows_holder_and_waiting, |store| async move {
     let sp = spec(LONG, StalePolicy::Hold);
     let (lease, _) = running_job(&store, "w-1", "p", Some("t"), sp).await;
-    enqueue(&store, "p", Some("t")).await;
+    let first = enqueue(&store, "p", Some("t")).await;
     enqueue(&store, "other", Some("t")).await;
     enqueue(&store, "p", Some("u")).await;
     let delayed = NewJob {
@@ -117,4 +117,12 @@ contract_test!(list_locks_shows_holder_and_waiting, |store| async move {
     assert_eq!(l.waiting, 3, "queued jobs of the target, due or not");
     assert!(l.acquired_at <= now && l.acquired_at > now - chrono::Duration::seconds(30));
     assert!(l.expires_at.unwrap() > now + chrono::Duration::seconds(30));
+
+    // The count follows every way a job leaves or rejoins the queue.
+    store.cancel(first, OPERATOR).await.unwrap();
+    let locks = store.list_locks().await.unwrap();
+    assert_eq!(locks[0].waiting, 2, "after a cancel");
+    store.requeue(first, OPERATOR).await.unwrap();
+    let locks = store.list_locks().await.unwrap();
+    assert_eq!(locks[0].waiting, 3, "after a requeue");
 });

@@ -102,9 +102,7 @@ impl SqliteStore {
         let rows = sqlx::query(
             "SELECT l.target, l.fence, l.holder_job, j.state, l.holder_worker, l.acquired_at,
                  l.expires_at,
-                 (SELECT COUNT(*) FROM jobs q INDEXED BY jobs_target_active
-                  WHERE q.target = l.target AND q.state = 'queued'
-                    AND q.state IN ('queued','leased','running','stale'))
+                 COALESCE((SELECT queued FROM target_queue t WHERE t.target = l.target), 0)
                      AS waiting
              FROM locks l INDEXED BY locks_held JOIN jobs j ON j.id = l.holder_job
              WHERE l.holder_job IS NOT NULL

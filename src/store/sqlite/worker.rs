@@ -296,7 +296,7 @@ macro_rules! claim_picks {
                                       AND h.state = 'succeeded'))
                   AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
                                   WHERE o.target = jobs.target AND o.state = 'leased'
-                                    AND o.state IN ('queued','leased','running','stale'))))
+                                    AND o.state IN ('leased','running','stale'))))
             ORDER BY priority DESC, due_at, id
             LIMIT ?3 * 2 + 2
         ), ranked AS (
