@@ -4,6 +4,7 @@
 use jobdeck::console::dialogs::Overlay;
 use jobdeck::console::fixture;
 use jobdeck::console::keymap::{self, Action, Context};
+use jobdeck::console::state::Flash;
 use jobdeck::console::update::{Effect, on_key};
 use jobdeck::console::{App, Command, Pane};
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
@@ -158,6 +159,28 @@ fn cancel_asks_then_runs_on_yes() {
         on_key(&mut app, &ch('y'), &snap, &cat),
         Effect::Run(Command::Cancel(vec![7]))
     );
+}
+
+#[test]
+fn the_next_action_clears_an_old_flash() {
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    app.focus(Pane::Running);
+    app.flash = Some(Flash::ok("job 9 requeued"));
+    on_key(&mut app, &ch('c'), &snap, &cat);
+    assert!(matches!(app.overlay, Some(Overlay::Confirm(_))));
+    assert_eq!(app.flash, None, "the dialog opened under an old result");
+    on_key(&mut app, &ch('n'), &snap, &cat);
+
+    app.flash = Some(Flash::err("nothing selected"));
+    on_key(&mut app, &ch('j'), &snap, &cat);
+    assert_eq!(app.flash, None, "moving on leaves the old error behind");
+
+    // A key bound to nothing is no action: the flash stays to be read.
+    app.flash = Some(Flash::ok("job 9 requeued"));
+    on_key(&mut app, &ch('z'), &snap, &cat);
+    assert_eq!(app.flash, Some(Flash::ok("job 9 requeued")));
 }
 
 #[test]

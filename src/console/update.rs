@@ -66,6 +66,9 @@ pub fn on_key(app: &mut App, key: &KeyEvent, snap: &Snapshot, catalog: &Catalog)
         }
         return Effect::None;
     };
+    // The flash answers the previous action; left up, it would read as the
+    // answer to this one (or sit under the dialog this one opens).
+    app.flash = None;
     apply(app, action, snap, catalog)
 }
 
@@ -170,7 +173,6 @@ fn focus(app: &mut App, pane: Pane) {
 
 /// Esc peels one layer: detail view, then marks, then the filter.
 fn back(app: &mut App) {
-    app.flash = None;
     if app.detail.take().is_some() {
         return;
     }
