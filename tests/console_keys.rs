@@ -54,6 +54,8 @@ fn key_to_action_table() {
         (ch('G'), ctx(Pane::Queued), Some(A::Bottom)),
         (key(Enter), ctx(Pane::Running), Some(A::Open)),
         (key(Enter), ctx(Pane::Workers), None),
+        // The detail view is already open: Enter has nothing to open.
+        (key(Enter), detail, None),
         (key(Esc), ctx(Pane::Queued), Some(A::Back)),
         (ch(' '), ctx(Pane::Stale), Some(A::Mark)),
         (ch('c'), ctx(Pane::Running), Some(A::Cancel)),
@@ -139,6 +141,16 @@ fn footer_hints_follow_the_focused_pane() {
     assert!(labels(Pane::Stale).contains(&"r requeue".to_string()));
     assert!(labels(Pane::Locks).contains(&"x release lock".to_string()));
     assert!(!labels(Pane::Queued).contains(&"x release lock".to_string()));
+    let detail = Context {
+        pane: Pane::Running,
+        detail: true,
+    };
+    let in_detail = keymap::hints(detail, false);
+    assert!(
+        in_detail.iter().all(|(k, _)| *k != "Enter"),
+        "Enter offered in the detail view: {in_detail:?}"
+    );
+    assert!(in_detail.iter().any(|(k, _)| *k == "c"));
 }
 
 #[test]

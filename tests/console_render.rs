@@ -100,8 +100,8 @@ fn help_overlay_is_generated_from_the_key_map() {
     assert!(text.contains("cancel the marked"));
     assert!(!ro.contains("cancel the marked"));
     assert!(ro.contains("read-only"));
-    // Rows has no key of its own, and Locks and Schedules only mutating
-    // ones: no section header may be left without keys under it.
+    // Locks and Schedules have only mutating keys, which read-only leaves
+    // unbound: no section header may be left without keys under it.
     for screen in [&text, &ro] {
         let inner: Vec<&str> = screen.lines().filter_map(|l| l.split('│').nth(1)).collect();
         for (i, line) in inner.iter().enumerate() {

@@ -133,7 +133,7 @@ pub const BINDINGS: &[Binding] = &[
         Action::Open,
         "job detail",
         false,
-        Scope::Jobs,
+        Scope::Rows,
         true,
     ),
     b(
