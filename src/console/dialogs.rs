@@ -156,8 +156,14 @@ impl Input {
 
 /// "90s", "5m", "1h 30m" (humantime); refuses zero and nonsense.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    const EXAMPLES: &str = "(try 30s, 5m, 1h)";
+    if text.is_empty() {
+        return Err(format!("a duration is required {EXAMPLES}"));
+    }
+    // humantime's own wording ("expected number at 0", a list of every unit
+    // it knows) overflows the dialog and names no fix: examples say more.
     let d = humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration like 90s or 5m: {e}"))?;
+        .map_err(|_| format!("{text:?} is not a duration {EXAMPLES}"))?;
     if d.is_zero() {
         return Err("the duration must be more than zero".into());
     }
@@ -238,6 +244,26 @@ mod tests {
                 by: Duration::from_secs(120)
             })
         );
+    }
+
+    #[test]
+    fn a_bad_duration_is_named_in_one_line_with_examples() {
+        let refused = |text: &str| {
+            let mut i = Input::extend_by(vec![7]);
+            press(&mut i, text);
+            assert_eq!(i.key(&KeyEvent::from(KeyCode::Enter)), Reply::Open);
+            i.error.expect("an error under the field")
+        };
+        assert_eq!(
+            refused("10x"),
+            r#""10x" is not a duration (try 30s, 5m, 1h)"#
+        );
+        assert_eq!(
+            refused("-5s"),
+            r#""-5s" is not a duration (try 30s, 5m, 1h)"#
+        );
+        assert_eq!(refused("  "), "a duration is required (try 30s, 5m, 1h)");
+        assert_eq!(refused("0s"), "the duration must be more than zero");
     }
 
     #[test]
