@@ -3,7 +3,7 @@
 
 use jobdeck::console::dialogs::Overlay;
 use jobdeck::console::fixture;
-use jobdeck::console::keymap::{self, Action, Context};
+use jobdeck::console::keymap::{self, Action, Context, Mode};
 use jobdeck::console::state::Flash;
 use jobdeck::console::update::{Effect, on_key};
 use jobdeck::console::{App, Command, Pane};
@@ -21,6 +21,20 @@ fn ch(c: char) -> KeyEvent {
     };
     KeyEvent::new(KeyCode::Char(c), mods)
 }
+
+/// The usual console: every key bound.
+const OPERATOR: Mode = Mode {
+    readonly: false,
+    engine: true,
+};
+const READONLY: Mode = Mode {
+    readonly: true,
+    engine: true,
+};
+const NO_WORKERS: Mode = Mode {
+    readonly: false,
+    engine: false,
+};
 
 fn ctx(pane: Pane) -> Context {
     Context {
@@ -91,7 +105,7 @@ fn key_to_action_table() {
         ),
     ];
     for (k, c, want) in cases {
-        assert_eq!(keymap::lookup(k, *c, false), *want, "{k:?} in {c:?}");
+        assert_eq!(keymap::lookup(k, *c, OPERATOR), *want, "{k:?} in {c:?}");
     }
 }
 
@@ -105,7 +119,7 @@ fn readonly_leaves_mutating_keys_unbound() {
                 keymap::Scope::Schedules => ctx(Pane::Schedules),
                 _ => ctx(Pane::Running),
             };
-            let got = keymap::lookup(&k, c, true);
+            let got = keymap::lookup(&k, c, READONLY);
             if b.mutating {
                 assert_eq!(got, None, "{} is bound in read-only", b.label);
             } else {
@@ -123,7 +137,7 @@ fn readonly_leaves_mutating_keys_unbound() {
             "{a} must be flagged mutating"
         );
     }
-    let hints = keymap::hints(ctx(Pane::Running), true);
+    let hints = keymap::hints(ctx(Pane::Running), READONLY);
     assert!(hints.iter().all(|(k, _)| !["c", "r", "e", "p"].contains(k)));
     assert!(hints.iter().any(|(k, _)| *k == "q"));
 }
@@ -131,7 +145,7 @@ fn readonly_leaves_mutating_keys_unbound() {
 #[test]
 fn footer_hints_follow_the_focused_pane() {
     let labels = |p| {
-        keymap::hints(ctx(p), false)
+        keymap::hints(ctx(p), OPERATOR)
             .into_iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
@@ -145,12 +159,52 @@ fn footer_hints_follow_the_focused_pane() {
         pane: Pane::Running,
         detail: true,
     };
-    let in_detail = keymap::hints(detail, false);
+    let in_detail = keymap::hints(detail, OPERATOR);
     assert!(
         in_detail.iter().all(|(k, _)| *k != "Enter"),
         "Enter offered in the detail view: {in_detail:?}"
     );
     assert!(in_detail.iter().any(|(k, _)| *k == "c"));
+}
+
+#[test]
+fn without_workers_the_node_keys_are_unbound_and_say_why() {
+    let labels = |mode| -> Vec<&str> {
+        keymap::hints(ctx(Pane::Queued), mode)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    assert!(labels(OPERATOR).contains(&"p"));
+    assert!(
+        !labels(NO_WORKERS).contains(&"p"),
+        "{:?}",
+        labels(NO_WORKERS)
+    );
+    assert!(labels(NO_WORKERS).contains(&"c"), "only the node's keys go");
+    for c in ['p', '+', '-'] {
+        assert_eq!(keymap::lookup(&ch(c), ctx(Pane::Queued), NO_WORKERS), None);
+        assert!(keymap::active(NO_WORKERS).all(|b| !b.keys.contains(&KeyCode::Char(c))));
+    }
+
+    let snap = fixture::snapshot();
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    assert_eq!(
+        on_key(&mut app, &ch('p'), &snap, &cat),
+        Effect::Run(Command::ToggleNodePause)
+    );
+    app.engine = false;
+    assert_eq!(on_key(&mut app, &ch('p'), &snap, &cat), Effect::None);
+    let flash = app
+        .flash
+        .clone()
+        .expect("a pressed p says why nothing happens");
+    assert!(flash.error);
+    assert_eq!(
+        flash.text,
+        "this console runs no workers (--no-workers): p (pause/resume this node's claiming) is disabled"
+    );
 }
 
 #[test]

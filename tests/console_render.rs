@@ -117,6 +117,24 @@ fn help_overlay_is_generated_from_the_key_map() {
 }
 
 #[test]
+fn no_workers_console_offers_no_node_keys() {
+    let mut s = Screen::new();
+    let with_engine = s.text(120, 32);
+    assert!(with_engine.contains("p pause node"));
+    s.engine = None;
+    s.app.engine = false;
+    let footer = s.text(120, 32);
+    assert!(!footer.contains("p pause node"), "{footer}");
+    assert!(footer.contains("no workers (watching)"));
+    s.app.overlay = Some(Overlay::Help);
+    let help = s.text(120, 40);
+    for gone in ["this node's claiming", "one more slot", "one slot less"] {
+        assert!(!help.contains(gone), "{gone:?} in the help:\n{help}");
+    }
+    assert!(help.contains("keys that act on this node's engine are not bound"));
+}
+
+#[test]
 fn confirm_dialog() {
     let mut s = Screen::new();
     s.app.focus(Pane::Running);

@@ -1,6 +1,7 @@
 //! The one table of keys. Every binding carries its description and whether
 //! it changes anything; the footer hints and the help overlay are generated
-//! from it, and `--readonly` simply leaves the mutating ones unbound.
+//! from it, and `--readonly` simply leaves the mutating ones unbound, as
+//! `--no-workers` does the ones that act on this node's engine.
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
@@ -35,6 +36,16 @@ pub enum Action {
     Help,
     Quit,
     QuitNow,
+}
+
+impl Action {
+    /// Acts on this node's engine, which a `--no-workers` console has not.
+    pub fn needs_engine(self) -> bool {
+        matches!(
+            self,
+            Action::PauseNode | Action::SlotsUp | Action::SlotsDown
+        )
+    }
 }
 
 /// Where a binding applies.
@@ -373,12 +384,35 @@ impl Context {
     }
 }
 
-/// The bindings in effect: mutating ones dropped when read-only.
-pub fn active(readonly: bool) -> impl Iterator<Item = &'static Binding> {
-    BINDINGS.iter().filter(move |b| !(readonly && b.mutating))
+/// How the console was started, which decides the keys it binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode {
+    /// `--readonly`: keys that change anything are unbound.
+    pub readonly: bool,
+    /// This node's engine is embedded (not `--no-workers`).
+    pub engine: bool,
 }
 
-/// The binding for `key` in `ctx`, ignoring `readonly` (callers use it to
+impl Mode {
+    /// Why `b` is unbound in this mode, in the flash's words; `None` when
+    /// it is bound.
+    pub fn refusal(self, b: &Binding) -> Option<&'static str> {
+        if self.readonly && b.mutating {
+            Some("read-only console")
+        } else if !self.engine && b.action.needs_engine() {
+            Some("this console runs no workers (--no-workers)")
+        } else {
+            None
+        }
+    }
+}
+
+/// The bindings in effect in `mode`.
+pub fn active(mode: Mode) -> impl Iterator<Item = &'static Binding> {
+    BINDINGS.iter().filter(move |b| mode.refusal(b).is_none())
+}
+
+/// The binding for `key` in `ctx`, whatever the [`Mode`] (callers use it to
 /// explain a refused key).
 pub fn binding_for(key: &KeyEvent, ctx: Context) -> Option<&'static Binding> {
     if key
@@ -393,13 +427,13 @@ pub fn binding_for(key: &KeyEvent, ctx: Context) -> Option<&'static Binding> {
 }
 
 /// The action `key` triggers in `ctx`, or `None` when unbound.
-pub fn lookup(key: &KeyEvent, ctx: Context, readonly: bool) -> Option<Action> {
+pub fn lookup(key: &KeyEvent, ctx: Context, mode: Mode) -> Option<Action> {
     // Ctrl-C is the terminal's habit for "get me out": quit cleanly.
     if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == Char('c') {
         return Some(Action::Quit);
     }
     let b = binding_for(key, ctx)?;
-    if readonly && b.mutating {
+    if mode.refusal(b).is_some() {
         return None;
     }
     Some(match (b.action, key.code) {
@@ -413,9 +447,9 @@ pub fn lookup(key: &KeyEvent, ctx: Context, readonly: bool) -> Option<Action> {
 }
 
 /// The footer's hints for `ctx`: scoped keys first, then global ones.
-pub fn hints(ctx: Context, readonly: bool) -> Vec<(&'static str, &'static str)> {
+pub fn hints(ctx: Context, mode: Mode) -> Vec<(&'static str, &'static str)> {
     let mut seen: Vec<&'static str> = Vec::new();
-    active(readonly)
+    active(mode)
         .filter(|b| b.hint && ctx.in_scope(b.scope))
         .filter(|b| {
             // A scoped `r` hides the global one in the hints too.

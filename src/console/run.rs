@@ -102,7 +102,10 @@ impl Console {
                 .collect(),
         });
         Console {
-            app: App::new(opts.readonly),
+            app: App {
+                engine: opts.engine.is_some(),
+                ..App::new(opts.readonly)
+            },
             catalog: Catalog::from_config(&opts.config),
             theme: Theme::from_env(),
             db: opts.store.display_url(),

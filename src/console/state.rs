@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use crate::job::Job;
 
 use super::dialogs::Overlay;
+use super::keymap::Mode;
 use super::snapshot::Snapshot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -145,11 +146,16 @@ pub struct App {
     pub overlay: Option<Overlay>,
     pub flash: Option<Flash>,
     pub readonly: bool,
+    /// This node's engine is embedded; without it (`--no-workers`) the keys
+    /// that act on it are unbound.
+    pub engine: bool,
     /// Set once `q` was pressed: the drain is under way.
     pub draining: bool,
 }
 
 impl App {
+    /// With this node's engine, as consoles mostly are; `run` clears
+    /// `engine` for `--no-workers`.
     pub fn new(readonly: bool) -> App {
         App {
             focus: Pane::Queued,
@@ -162,7 +168,15 @@ impl App {
             overlay: None,
             flash: None,
             readonly,
+            engine: true,
             draining: false,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        Mode {
+            readonly: self.readonly,
+            engine: self.engine,
         }
     }
 

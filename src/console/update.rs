@@ -57,10 +57,12 @@ pub fn on_key(app: &mut App, key: &KeyEvent, snap: &Snapshot, catalog: &Catalog)
         pane: app.focus,
         detail: app.detail.is_some(),
     };
-    let Some(action) = keymap::lookup(key, ctx, app.readonly) else {
-        if let Some(b) = keymap::binding_for(key, ctx).filter(|b| b.mutating && app.readonly) {
+    let Some(action) = keymap::lookup(key, ctx, app.mode()) else {
+        if let Some(b) = keymap::binding_for(key, ctx)
+            && let Some(why) = app.mode().refusal(b)
+        {
             app.flash = Some(Flash::err(format!(
-                "read-only console: {} ({}) is disabled",
+                "{why}: {} ({}) is disabled",
                 b.label, b.description
             )));
         }

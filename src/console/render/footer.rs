@@ -21,7 +21,7 @@ pub fn draw(frame: &mut Frame, area: Rect, v: &View) {
     if v.app.detail.is_some() {
         spans.extend([Span::styled("Esc", t.key()), Span::raw(" back  ")]);
     }
-    for (key, what) in keymap::hints(ctx, v.app.readonly) {
+    for (key, what) in keymap::hints(ctx, v.app.mode()) {
         spans.push(Span::styled(key, t.key()));
         spans.push(Span::raw(format!(" {what}  ")));
     }

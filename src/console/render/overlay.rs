@@ -69,7 +69,7 @@ fn help(frame: &mut Frame, area: Rect, v: &View) {
     ] {
         // A scope may have no key of its own, or only mutating ones that
         // `--readonly` leaves unbound: no header without keys under it.
-        let keys: Vec<_> = keymap::active(v.app.readonly)
+        let keys: Vec<_> = keymap::active(v.app.mode())
             .filter(|b| b.scope == scope)
             .collect();
         if keys.is_empty() {
@@ -90,6 +90,12 @@ fn help(frame: &mut Frame, area: Rect, v: &View) {
     if v.app.readonly {
         lines.push(Line::styled(
             "read-only: keys that change anything are not bound",
+            t.warn(),
+        ));
+    }
+    if !v.app.engine {
+        lines.push(Line::styled(
+            "no workers here: keys that act on this node's engine are not bound",
             t.warn(),
         ));
     }
