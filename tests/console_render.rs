@@ -7,10 +7,12 @@ use jobdeck::console::dialogs::{Confirm, Input, Overlay};
 use jobdeck::console::fixture;
 use jobdeck::console::render::{self, Theme, View};
 use jobdeck::console::state::Flash;
+use jobdeck::console::update::on_key;
 use jobdeck::console::{App, Command, Pane, Snapshot};
 use jobdeck::engine::EngineStatus;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
+use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use ratatui::style::Color;
 
 struct Screen {
@@ -86,6 +88,45 @@ fn detail_view() {
     s.snap = fixture::with_detail(s.snap, 7);
     s.app.detail = Some(7);
     insta::assert_snapshot!("detail_120x32", s.text(120, 32));
+}
+
+#[test]
+fn detail_events_scroll_with_the_list_keys() {
+    let mut s = Screen::new();
+    s.snap = fixture::with_detail(s.snap, 7);
+    let events = &mut s.snap.detail.as_mut().unwrap().events;
+    let claimed = events[1].clone();
+    for n in 4..=40 {
+        events.push(jobdeck::job::Event {
+            id: n,
+            detail: format!("renewed #{n}"),
+            ..claimed.clone()
+        });
+    }
+    s.app.detail = Some(7);
+    let catalog = fixture::catalog();
+    let press = |s: &mut Screen, code: KeyCode, times: usize| {
+        for _ in 0..times {
+            on_key(&mut s.app, &KeyEvent::from(code), &s.snap, &catalog);
+        }
+        s.text(120, 32)
+    };
+
+    // The newest events first, as a log is watched.
+    let newest = s.text(120, 32);
+    assert!(newest.contains("renewed #40") && !newest.contains("enqueued"));
+    let oldest = press(&mut s, KeyCode::PageUp, 4);
+    assert!(oldest.contains("enqueued") && !oldest.contains("renewed #40"));
+    insta::assert_snapshot!("detail_events_scrolled_120x32", oldest);
+    let down = press(&mut s, KeyCode::Char('j'), 15);
+    // The 16th event selected, at the window's bottom edge.
+    assert!(down.contains("renewed #16") && !down.contains("renewed #17"));
+    assert!(!down.contains("enqueued"));
+    let back = press(&mut s, KeyCode::Char('G'), 1);
+    assert_eq!(back, newest, "G goes back to following the newest");
+    // Two events on screen still get their scrollbar.
+    let short = s.text(90, 12);
+    assert!(short.lines().any(|l| l.ends_with("█\"")), "{short}");
 }
 
 #[test]

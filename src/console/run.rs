@@ -255,7 +255,8 @@ impl Console {
     }
 
     /// Click focuses the pane under the pointer and selects the row; the
-    /// wheel scrolls the pane under it. Overlays swallow the mouse.
+    /// wheel scrolls the pane under it, or the detail view's events.
+    /// Overlays swallow the mouse.
     fn mouse(&mut self, m: MouseEvent, area: Rect, snap: &super::Snapshot) {
         if self.app.overlay.is_some() || render::too_small(area) {
             return;
@@ -268,6 +269,14 @@ impl Console {
             if let Some(p) = render::tab_at(m.column.saturating_sub(tabs.x)) {
                 self.app.detail = None;
                 self.app.focus(p);
+            }
+            return;
+        }
+        if self.app.detail.is_some() {
+            match m.kind {
+                MouseEventKind::ScrollDown => self.app.scroll_events(WHEEL, snap),
+                MouseEventKind::ScrollUp => self.app.scroll_events(-WHEEL, snap),
+                _ => {}
             }
             return;
         }

@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::collections::BTreeSet;
 
-use crate::job::Job;
+use crate::job::{Event, Job};
 
 use super::dialogs::Overlay;
 use super::keymap::Mode;
@@ -143,6 +143,12 @@ pub struct App {
     pub filter: String,
     /// The job whose detail view is open.
     pub detail: Option<i64>,
+    /// The detail view's selected event; `None` follows the newest, so a
+    /// job watched without touching a key shows its latest events.
+    pub detail_event: Option<usize>,
+    /// First visible event of the detail view, written by the draw like
+    /// `offset`.
+    pub detail_offset: Cell<usize>,
     pub overlay: Option<Overlay>,
     pub flash: Option<Flash>,
     pub readonly: bool,
@@ -165,6 +171,8 @@ impl App {
             marked: BTreeSet::new(),
             filter: String::new(),
             detail: None,
+            detail_event: None,
+            detail_offset: Cell::new(0),
             overlay: None,
             flash: None,
             readonly,
@@ -203,6 +211,33 @@ impl App {
         }
         let cur = self.selected[pane.index()].min(len - 1) as isize;
         self.selected[pane.index()] = (cur + delta).clamp(0, len as isize - 1) as usize;
+    }
+
+    /// Open the detail view of `job` at its newest events.
+    pub fn open_detail(&mut self, job: Option<i64>) {
+        self.detail = job;
+        self.detail_event = None;
+        self.detail_offset.set(0);
+    }
+
+    /// Move the detail view's event selection by `delta` rows; reaching the
+    /// newest follows new events again.
+    pub fn scroll_events(&mut self, delta: isize, snap: &Snapshot) {
+        let len = self.detail_events(snap).len();
+        let Some(last) = len.checked_sub(1) else {
+            return;
+        };
+        let cur = self.detail_event.unwrap_or(last).min(last) as isize;
+        let next = (cur + delta).clamp(0, last as isize) as usize;
+        self.detail_event = (next < last).then_some(next);
+    }
+
+    /// The events of the open detail view, once fetched.
+    pub fn detail_events<'a>(&self, snap: &'a Snapshot) -> &'a [Event] {
+        snap.detail
+            .as_ref()
+            .filter(|d| Some(d.job.id) == self.detail)
+            .map_or(&[], |d| &d.events)
     }
 
     pub fn select(&mut self, pane: Pane, row: usize) {

@@ -79,13 +79,13 @@ pub fn apply(app: &mut App, action: Action, snap: &Snapshot, catalog: &Catalog) 
         Action::FocusNext => focus(app, app.focus.next()),
         Action::FocusPrev => focus(app, app.focus.prev()),
         Action::Focus(p) => focus(app, p),
-        Action::Up => app.move_by(-1, snap),
-        Action::Down => app.move_by(1, snap),
-        Action::PageUp => app.move_by(-PAGE, snap),
-        Action::PageDown => app.move_by(PAGE, snap),
-        Action::Top => app.move_by(isize::MIN / 2, snap),
-        Action::Bottom => app.move_by(isize::MAX / 2, snap),
-        Action::Open => app.detail = app.selected_job(snap).map(|j| j.id),
+        Action::Up => move_by(app, -1, snap),
+        Action::Down => move_by(app, 1, snap),
+        Action::PageUp => move_by(app, -PAGE, snap),
+        Action::PageDown => move_by(app, PAGE, snap),
+        Action::Top => move_by(app, isize::MIN / 2, snap),
+        Action::Bottom => move_by(app, isize::MAX / 2, snap),
+        Action::Open => app.open_detail(app.selected_job(snap).map(|j| j.id)),
         Action::Back => back(app),
         Action::Mark => {
             if let Some(id) = app.selected_job(snap).map(|j| j.id) {
@@ -166,6 +166,15 @@ pub fn apply(app: &mut App, action: Action, snap: &Snapshot, catalog: &Catalog) 
         Action::QuitNow => return Effect::QuitNow,
     }
     Effect::None
+}
+
+/// The detail view's list is its events; elsewhere, the focused pane's rows.
+fn move_by(app: &mut App, delta: isize, snap: &Snapshot) {
+    if app.detail.is_some() {
+        app.scroll_events(delta, snap);
+    } else {
+        app.move_by(delta, snap);
+    }
 }
 
 fn focus(app: &mut App, pane: Pane) {

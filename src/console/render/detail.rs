@@ -5,9 +5,13 @@ use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
+use ratatui::widgets::{
+    Block, Borders, Cell, Paragraph, Row, Scrollbar, ScrollbarOrientation, ScrollbarState, Table,
+    TableState,
+};
 
 use super::View;
+use super::panes::scroll;
 use crate::console::fmt::{ago, left, short_duration};
 use crate::job::Job;
 
@@ -29,10 +33,7 @@ pub fn draw(frame: &mut Frame, area: Rect, v: &View) {
         fields,
     );
 
-    // Newest events at the bottom, as many as fit.
-    let fit = events.height.saturating_sub(2) as usize;
-    let skip = d.events.len().saturating_sub(fit);
-    let rows = d.events[skip..].iter().map(|e| {
+    let rows = d.events.iter().map(|e| {
         let from = e.from.map_or("-".to_string(), |s| s.to_string());
         Row::new([
             Cell::from(e.at.format("%H:%M:%S").to_string()),
@@ -57,8 +58,37 @@ pub fn draw(frame: &mut Frame, area: Rect, v: &View) {
         Row::new(["AT", "MOVE", "ACTOR", "DETAIL"])
             .style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED)),
     )
-    .block(block(" Events ", v));
-    frame.render_widget(table, events);
+    .block(block(" Events ", v))
+    .row_highlight_style(t.selected());
+    // Below the title and the column header.
+    let list = Rect {
+        y: events.y.saturating_add(2),
+        height: events.height.saturating_sub(2),
+        ..events
+    };
+    let len = d.events.len();
+    let visible = list.height as usize;
+    let selected = len
+        .checked_sub(1)
+        .map(|last| v.app.detail_event.unwrap_or(last).min(last));
+    let offset = scroll(v.app.detail_offset.get(), selected, visible, len);
+    v.app.detail_offset.set(offset);
+    let mut state = TableState::default()
+        .with_offset(offset)
+        .with_selected(selected);
+    frame.render_stateful_widget(table, events, &mut state);
+    if len > visible {
+        // One position per first visible event.
+        let mut bar = ScrollbarState::new(len - visible + 1)
+            .position(offset)
+            .viewport_content_length(visible);
+        // No arrow heads: ratatui draws no bar at all when they leave no
+        // track, and a short terminal may show only two events.
+        let bar_widget = Scrollbar::new(ScrollbarOrientation::VerticalRight)
+            .begin_symbol(None)
+            .end_symbol(None);
+        frame.render_stateful_widget(bar_widget, list, &mut bar);
+    }
 
     let text = d.output.as_deref().unwrap_or("");
     let lines: Vec<&str> = text.lines().collect();

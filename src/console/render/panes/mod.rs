@@ -74,7 +74,7 @@ pub fn draw(frame: &mut Frame, area: Rect, pane: Pane, v: &View) {
 }
 
 /// Keep the previous offset unless the selection left the window.
-fn scroll(prev: usize, selected: Option<usize>, visible: usize, len: usize) -> usize {
+pub(super) fn scroll(prev: usize, selected: Option<usize>, visible: usize, len: usize) -> usize {
     let visible = visible.max(1);
     let mut off = prev.min(len.saturating_sub(visible));
     if let Some(sel) = selected {
