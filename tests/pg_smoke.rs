@@ -274,3 +274,27 @@ async fn connection_errors_are_one_line_name_the_host_and_hide_the_password() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn the_cycle_function_runs_without_jit() {
+    // Its generic plans are costed for a tenth of the queue: at 100,000
+    // queued jobs that passed jit_above_cost and every claim paid ~67 ms of
+    // compilation (found by `jobdeck bench --scale --explain`).
+    let Some((_store, schema)) = postgres_store_named().await else {
+        return;
+    };
+    let base = std::env::var(PG_ENV).expect("set");
+    let pool = sqlx::PgPool::connect(&base).await.expect("connect");
+    let config: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT p.proconfig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE p.proname = 'jobdeck_cycle' AND n.nspname = $1",
+    )
+    .bind(&schema)
+    .fetch_one(&pool)
+    .await
+    .expect("the cycle function exists");
+    let config = config.unwrap_or_default();
+    assert!(config.iter().any(|c| c == "jit=off"), "{config:?}");
+    pool.close().await;
+    drop_schema(&schema).await;
+}
