@@ -416,6 +416,7 @@ async fn explain(scratch: &Scratch, large: &Side, claim: &ClaimRequest) -> Resul
         "auto_explain.log_analyze=on".into(),
         "auto_explain.log_buffers=on".into(),
         "auto_explain.log_level=notice".into(),
+        "auto_explain.log_nested_statements=on".into(),
     ]
     .map(|o| format!("-c%20{}", o.replace('=', "%3D")))
     .join("%20");
