@@ -17,7 +17,10 @@
 //! A query of several statements runs them in order on the connection's
 //! thread, binding the numbered parameters (`?N`) of each from the one
 //! argument list, and streams each statement's rows followed by its
-//! result: that is how the rows are told apart below.
+//! result: that is how the rows are told apart below. sqlx 0.9 keeps this
+//! for SQLite only and calls it deprecated on `Query::fetch_many` (its
+//! replacement, `raw_sql`, takes no parameters); the contract tests run
+//! every cycle through it, so an upgrade that drops it fails them.
 
 use std::collections::{HashMap, HashSet};
 
