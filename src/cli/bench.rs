@@ -155,10 +155,20 @@ async fn bench(url: &str, a: &BenchArgs, scratch: &std::path::Path) -> Result<Re
     })
 }
 
+/// A bench whose jobs stop finishing for this long gives up: the engine
+/// retries a failing cycle forever, as a worker should, but a benchmark
+/// that never ends measures nothing.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+
 /// Wait until `n` jobs succeeded. Polled slowly so the bench's own counting
 /// does not compete with the engine; the caller takes the end time from the
-/// jobs' own `finished_at`.
+/// jobs' own `finished_at`. Fails when none finishes for `stall_limit`.
 async fn wait_succeeded(store: &Store, n: i64) -> Result<()> {
+    wait_succeeded_within(store, n, STALL_LIMIT).await
+}
+
+async fn wait_succeeded_within(store: &Store, n: i64, stall_limit: Duration) -> Result<()> {
+    let mut last = (-1, tokio::time::Instant::now());
     loop {
         let counts = store.count_by_state().await?;
         let done = counts.get(&State::Succeeded).copied().unwrap_or(0);
@@ -167,6 +177,14 @@ async fn wait_succeeded(store: &Store, n: i64) -> Result<()> {
         if done >= n {
             return Ok(());
         }
+        if done != last.0 {
+            last = (done, tokio::time::Instant::now());
+        }
+        anyhow::ensure!(
+            last.1.elapsed() < stall_limit,
+            "no bench job finished in {} ({done} of {n} done); the engine's errors are logged above",
+            humantime::format_duration(stall_limit)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -245,6 +263,32 @@ fn print_human(r: &Report) {
         println!(
             "enqueue→start latency  p50 {:.1} ms  p95 {:.1} ms  p99 {:.1} ms",
             l.p50, l.p95, l.p99
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_bench_whose_jobs_stop_finishing_gives_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("b.db").display());
+        let store = crate::store::connect(&url).await.unwrap();
+        let job = NewJob {
+            pipeline: "bench".into(),
+            ..Default::default()
+        };
+        store.enqueue(job, "bench").await.unwrap();
+        // No engine runs: the job stays queued.
+        let err = wait_succeeded_within(&store, 1, Duration::from_millis(500))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no bench job finished in 500ms (0 of 1 done)"),
+            "{err}"
         );
     }
 }
