@@ -224,12 +224,19 @@ impl App {
     /// newest follows new events again.
     pub fn scroll_events(&mut self, delta: isize, snap: &Snapshot) {
         let len = self.detail_events(snap).len();
-        let Some(last) = len.checked_sub(1) else {
+        let Some(cur) = self.selected_event(len) else {
             return;
         };
-        let cur = self.detail_event.unwrap_or(last).min(last) as isize;
-        let next = (cur + delta).clamp(0, last as isize) as usize;
+        let last = len - 1;
+        let next = (cur as isize + delta).clamp(0, last as isize) as usize;
         self.detail_event = (next < last).then_some(next);
+    }
+
+    /// The detail view's selected event among `len`: the chosen one, or the
+    /// newest when following; `None` without events.
+    pub fn selected_event(&self, len: usize) -> Option<usize> {
+        let last = len.checked_sub(1)?;
+        Some(self.detail_event.unwrap_or(last).min(last))
     }
 
     /// The events of the open detail view, once fetched.

@@ -68,9 +68,7 @@ pub fn draw(frame: &mut Frame, area: Rect, v: &View) {
     };
     let len = d.events.len();
     let visible = list.height as usize;
-    let selected = len
-        .checked_sub(1)
-        .map(|last| v.app.detail_event.unwrap_or(last).min(last));
+    let selected = v.app.selected_event(len);
     let offset = scroll(v.app.detail_offset.get(), selected, visible, len);
     v.app.detail_offset.set(offset);
     let mut state = TableState::default()
