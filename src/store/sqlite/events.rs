@@ -21,10 +21,6 @@ impl Events {
         self.0.push((job, Some(from.as_str()), to.as_str(), detail));
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// What was pushed, as the JSON list [`insert_events`] reads.
     pub(super) fn to_json(&self) -> Result<String> {
         serde_json::to_string(&self.0)
@@ -44,7 +40,7 @@ impl Events {
         at: i64,
         actor: &str,
     ) -> Result<()> {
-        if self.is_empty() {
+        if self.0.is_empty() {
             return Ok(());
         }
         sqlx::query(insert_events!("?1", "?2", "?3"))
