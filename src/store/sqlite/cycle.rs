@@ -1,18 +1,19 @@
 //! The engine's cycle on SQLite: finish, claim and start in one
-//! transaction, in as few round trips as the writes allow. Each round
-//! trip is a hand-off through sqlx's connection thread and back, and with
-//! short jobs their count, not SQLite's work, sets the pace. Between BEGIN
-//! and COMMIT there are two: the successes (one UPDATE) and the claim
-//! that starts every claimed job (one UPDATE) go together, as one
-//! multi-statement query; then the locks handed on and taken (one upsert,
-//! only with targets) and the history (one INSERT) go together.
+//! transaction, in two round trips. Each round trip is a hand-off through
+//! sqlx's connection thread and back, and with short jobs their count,
+//! not SQLite's work, sets the pace. The first query opens the
+//! transaction and writes the successes (one UPDATE), the claim that
+//! starts every claimed job (one UPDATE) and the locks handed on, freed
+//! and taken (one upsert); the second writes the history (one INSERT) and
+//! commits.
 //!
 //! The claim starts targeted jobs before their locks are written, with
 //! the fence the lock will get: within `BEGIN IMMEDIATE` nothing else
 //! writes, the claim only takes targets whose lock is free or held by a
-//! job this cycle finishes, and one job per target. The lock upsert then
-//! checks that every lock went as predicted, or the whole cycle rolls
-//! back (and the engine writes its parts on their own).
+//! job this cycle finishes, and one job per target. What the lock upsert
+//! returns is checked against the claimed jobs before the second query:
+//! a lock that did not go as predicted rolls the whole cycle back (and the
+//! engine writes its parts on their own).
 //!
 //! A query of several statements runs them in order on the connection's
 //! thread, binding the numbered parameters (`?N`) of each from the one
@@ -22,19 +23,17 @@
 //! replacement, `raw_sql`, takes no parameters); the contract tests run
 //! every cycle through it, so an upgrade that drops it fails them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use futures::TryStreamExt;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
-use sqlx::{Either, Executor, Row, SqliteConnection};
+use sqlx::{Either, Executor, Row};
 
-use super::SqliteStore;
-use super::batch::{
-    HeldLock, finish_answers, finish_one_by_one, succeed_all, succeed_jobs, succeeded,
-};
+use super::batch::{finish_answers, finish_one_by_one, succeed_jobs, succeeded};
 use super::events::{Events, insert_events};
 use super::rows::{job_cols, job_from_row, lease_pairs, ms, now_ms, to_json};
 use super::worker::{claim_picks, sort_claim_order};
+use super::{SqliteStore, Unbegun, WriteTx};
 use crate::job::{Job, State};
 use crate::store::{
     ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Result, StartSpec, StoreError,
@@ -73,16 +72,31 @@ macro_rules! claim_and_start_jobs {
     };
 }
 
-/// The lock upsert: each row of ?3 (target, fence, holder, expires_at)
-/// frees a lock a finished job held (no holder) or hands it to a started
-/// job, or takes a free one. Parameters: ?1 worker, ?2 now, ?4 the
-/// finished jobs whose locks may be handed on.
+/// The cycle's locks, after its successes and its claim: the lock of each
+/// job that succeeded in this transaction is freed, or handed with the
+/// next fence to the job this cycle started on its target; each other
+/// target a started job has is taken. A started job is one of this
+/// worker's running jobs, started now, that its lock does not name yet
+/// (a running job with a target holds its lock once its start commits).
+/// Parameters: ?1 now, ?4 the finishing jobs, ?5 worker.
 macro_rules! write_locks {
     () => {
         "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
-         SELECT value ->> 0, value ->> 1, value ->> 2, iif(value ->> 2 IS NULL, NULL, ?1),
-             iif(value ->> 2 IS NULL, NULL, ?2), value ->> 3
-         FROM json_each(?3) WHERE true
+         SELECT target, max(fence), max(holder), iif(max(holder) IS NULL, NULL, ?5),
+             iif(max(holder) IS NULL, NULL, ?1), max(expires)
+         FROM (
+             SELECT l.target, l.fence, NULL AS holder, NULL AS expires
+             FROM jobs h JOIN locks l ON l.holder_job = h.id AND l.target = h.target
+             WHERE h.id IN (SELECT value FROM json_each(?4)) AND h.state = 'succeeded'
+             UNION ALL
+             SELECT j.target, j.lock_fence, j.id, j.lease_expires_at
+             FROM jobs j INDEXED BY jobs_target_active
+             WHERE j.state IN ('leased','running','stale') AND j.state = 'running'
+               AND j.target IS NOT NULL AND j.lease_owner = ?5 AND j.started_at = ?1
+               AND NOT EXISTS (SELECT 1 FROM locks t
+                               WHERE t.target = j.target AND t.holder_job = j.id)
+         )
+         GROUP BY target
          ON CONFLICT (target) DO UPDATE SET
              fence = locks.fence + (excluded.holder_job IS NOT NULL),
              holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
@@ -95,9 +109,8 @@ macro_rules! write_locks {
 
 impl SqliteStore {
     /// Finish, claim and start in one transaction: the claim sees the
-    /// slots and locks the finishes just freed.
+    /// slots and locks the successes just freed.
     pub(super) async fn do_cycle(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome> {
-        let mut tx = self.begin().await?;
         let now = now_ms();
         let claim = req
             .claim
@@ -105,63 +118,92 @@ impl SqliteStore {
             .filter(|c| c.limit > 0 && !c.pipelines.is_empty());
         let claiming = claim.map_or(0, |c| c.limit);
         let mut events = Events::with_capacity(req.finishes.len() + 2 * claiming);
-        let others = finish_one_by_one(&mut tx, now, &req.finishes, worker).await?;
         let successes = successes(&req.finishes);
-        let (done, held, claimed) = match claim {
-            None => {
-                let (done, held) = succeed_all(&mut tx, now, &successes, &mut events).await?;
-                (done, held, Vec::new())
-            }
-            Some(claim) => {
-                succeed_and_claim(&mut tx, now, &successes, claim, &req.specs, &mut events).await?
-            }
-        };
+        let unbegun = self.begin_in_first_query().await?;
+        let (mut tx, done, claimed) = succeed_claim_and_lock(
+            unbegun,
+            now,
+            &successes,
+            claim,
+            &req.specs,
+            worker,
+            &mut events,
+        )
+        .await?;
+        // The rare other outcomes, after the claim: their locks and
+        // requeued jobs wait for the next cycle.
+        let others = finish_one_by_one(&mut tx, now, &req.finishes, worker).await?;
         let finished = finish_answers(&req.finishes, others, &done);
-        write_locks_and_events(&mut tx, now, worker, &held, &claimed, &mut events).await?;
-        tx.commit().await?;
+        if events.is_empty() {
+            tx.commit().await?;
+        } else {
+            let sql = WriteTx::then_commit(insert_events!("?1", "?2", "?3"));
+            let query = sqlx::query(sql)
+                .bind(now)
+                .bind(worker)
+                .bind(events.to_json()?);
+            (&mut *tx).execute(query).await?;
+            tx.committed();
+        }
         Ok(CycleOutcome { finished, claimed })
     }
 }
 
-/// The successes, then the claim that starts every claimed job whose
-/// pipeline has a spec (one row write instead of two, leased then
-/// running, nothing observable in between; a job with a target gets the
-/// fence its lock is about to get), in one round trip. The locks of the
-/// jobs that succeeded here count as free. All moves are recorded in
-/// `events`.
-async fn succeed_and_claim(
-    tx: &mut SqliteConnection,
+/// The transaction's first query: `BEGIN`, the successes, the claim that
+/// starts every claimed job whose pipeline has a spec (one row write
+/// instead of two, leased then running, nothing observable in between; a
+/// job with a target gets the fence its lock is about to get), and the
+/// locks. The locks of the jobs that succeeded here count as free. All
+/// moves are recorded in `events`.
+async fn succeed_claim_and_lock(
+    unbegun: Unbegun,
     now: i64,
     successes: &[LeaseRef],
-    claim: &ClaimRequest,
+    claim: Option<&ClaimRequest>,
     specs: &[(String, StartSpec)],
+    worker: &str,
     events: &mut Events,
-) -> Result<(HashSet<LeaseRef>, Vec<HeldLock>, Vec<Claimed>)> {
+) -> Result<(WriteTx, HashSet<LeaseRef>, Vec<Claimed>)> {
     let specs = specs
         .iter()
         .map(|(p, s)| (p, ms(s.lease), s.on_stale.as_str(), ms(s.backoff)))
         .collect::<Vec<_>>();
     let finishing = successes.iter().map(|l| l.id).collect::<Vec<_>>();
-    let limit = i64::try_from(claim.limit).unwrap_or(i64::MAX / 16);
-    let query = sqlx::query(concat!(
+    // Without a claim, the same query with nothing to claim.
+    let (pipelines, limit, lease, owner) = match claim {
+        Some(c) => (
+            to_json(&c.pipelines)?,
+            i64::try_from(c.limit).unwrap_or(i64::MAX / 16),
+            ms(c.lease),
+            c.worker.as_str(),
+        ),
+        None => ("[]".to_string(), 0, 0, worker),
+    };
+    let (mut tx, sql) = unbegun.begin_with(concat!(
         succeed_jobs!("?1", "?8"),
         ";\n",
-        claim_and_start_jobs!()
-    ))
-    .bind(now)
-    .bind(to_json(&claim.pipelines)?)
-    .bind(limit)
-    .bind(to_json(&finishing)?)
-    .bind(&claim.worker)
-    .bind(ms(claim.lease))
-    .bind(to_json(&specs)?)
-    .bind(lease_pairs(successes)?);
+        claim_and_start_jobs!(),
+        ";\n",
+        write_locks!()
+    ));
+    let query = sqlx::query(sql)
+        .bind(now)
+        .bind(pipelines)
+        .bind(limit)
+        .bind(to_json(&finishing)?)
+        .bind(owner)
+        .bind(lease)
+        .bind(to_json(&specs)?)
+        .bind(lease_pairs(successes)?);
     let mut results = statement_rows((&mut *tx).fetch_many(query).try_collect().await?);
+    let _begin = results.next();
     let success_rows = results.next().unwrap_or_default();
     let claim_rows = results.next().unwrap_or_default();
-    let (done, held) = succeeded(&success_rows, successes, events)?;
+    let lock_rows = results.next().unwrap_or_default();
+    let (done, _) = succeeded(&success_rows, successes, events)?;
     let claimed = started(&claim_rows, events)?;
-    Ok((done, held, claimed))
+    check_locks(&lock_rows, &claimed)?;
+    Ok((tx, done, claimed))
 }
 
 /// The rows of each statement of a multi-statement query, in order.
@@ -200,60 +242,11 @@ fn started(rows: &[SqliteRow], events: &mut Events) -> Result<Vec<Claimed>> {
         .collect())
 }
 
-/// Write the cycle's locks and its events, in one round trip. Each lock a
-/// finished job held is freed (by its fence) or, when a job this cycle
-/// started has its target, handed straight to that job with the next
-/// fence; each other target a started job has is taken. Fails when a lock
-/// did not go as the claim predicted.
-async fn write_locks_and_events(
-    tx: &mut SqliteConnection,
-    now: i64,
-    worker: &str,
-    held: &[HeldLock],
-    claimed: &[Claimed],
-    events: &mut Events,
-) -> Result<()> {
-    // target → (fence, holder, expires_at); no holder = free it.
-    let mut locks: HashMap<&str, (i64, Option<i64>, Option<i64>)> = HashMap::new();
-    for (target, fence, _) in held {
-        locks.insert(target, (*fence, None, None));
-    }
-    let mut taking = 0;
-    for c in claimed {
-        if let (Some(target), Some((_, Some(fence)))) = (&c.job.target, c.started) {
-            let expires = c.job.lease_expires_at.map(|t| t.timestamp_millis());
-            locks.insert(target, (fence, Some(c.job.id), expires));
-            taking += 1;
-        }
-    }
-    if locks.is_empty() {
-        return events.write(tx, now, worker).await;
-    }
-    let mut rows: Vec<_> = locks
-        .into_iter()
-        .map(|(target, (fence, holder, expires))| (target, fence, holder, expires))
-        .collect();
-    rows.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    // A job holds one lock at a time, under the fence it recorded: its id
-    // alone names the lock it held.
-    let freed: Vec<i64> = held.iter().map(|(_, _, job)| *job).collect();
-    // With no events (never so when locks move) the INSERT writes nothing.
-    let query = sqlx::query(concat!(
-        write_locks!(),
-        ";\n",
-        insert_events!("?2", "?1", "?5")
-    ))
-    .bind(worker)
-    .bind(now)
-    .bind(to_json(&rows)?)
-    .bind(to_json(&freed)?)
-    .bind(events.to_json()?);
-    let written = statement_rows((&mut *tx).fetch_many(query).try_collect().await?)
-        .next()
-        .unwrap_or_default();
-    events.clear();
+/// Every lock the upsert gave a holder went to a job this cycle started,
+/// under the fence its start recorded, and every such job got one.
+fn check_locks(rows: &[SqliteRow], claimed: &[Claimed]) -> Result<()> {
     let mut taken = 0;
-    for row in &written {
+    for row in rows {
         let holder: Option<i64> = row.try_get("holder_job")?;
         let fence: i64 = row.try_get("fence")?;
         let expected = claimed
@@ -270,6 +263,10 @@ async fn write_locks_and_events(
             }
         }
     }
+    let taking = claimed
+        .iter()
+        .filter(|c| c.job.target.is_some() && matches!(c.started, Some((_, Some(_)))))
+        .count();
     if taken != taking {
         return Err(StoreError::Database(format!(
             "the cycle took {taken} of the {taking} locks its claim started jobs for"

@@ -27,6 +27,10 @@ impl Events {
             .map_err(|e| StoreError::Invalid(format!("bad event list: {e}")))
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub(super) fn clear(&mut self) {
         self.0.clear();
     }
@@ -40,7 +44,7 @@ impl Events {
         at: i64,
         actor: &str,
     ) -> Result<()> {
-        if self.0.is_empty() {
+        if self.is_empty() {
             return Ok(());
         }
         sqlx::query(insert_events!("?1", "?2", "?3"))

@@ -6,7 +6,6 @@
 //! which is the database's clock for a file every process opens locally.
 
 use std::collections::BTreeMap;
-use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
-use tokio::sync::{Mutex, OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+use sqlx::{ConnectOptions, SqliteConnection, SqlitePool};
+use tokio::sync::{Mutex, RwLock};
 
 use super::{
     Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
@@ -26,6 +25,7 @@ use super::{
 use crate::job::{Event, Job, State};
 use checkpoint::Checkpoints;
 use write_lock::{WriteLock, WriteTurn};
+use write_tx::{Gate, Held, Unbegun, WriteTx};
 
 mod batch;
 mod checkpoint;
@@ -39,6 +39,7 @@ mod rows;
 mod schedule;
 mod worker;
 mod write_lock;
+mod write_tx;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -49,15 +50,15 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
-    /// The one connection this process's queued writers use: its page
-    /// cache stays warm from one transaction to the next, where a pooled
-    /// connection would re-read every page another connection changed.
-    writer: SqlitePool,
+    /// The one connection this process's queued writers use, in turn:
+    /// its page cache stays warm from one transaction to the next, where a
+    /// pooled connection would re-read every page another connection
+    /// changed. Writers of this process queue for it, in order, instead of
+    /// all polling SQLite's write lock: busy_timeout retries are not fair,
+    /// and under many concurrent writers one of them would starve past the
+    /// timeout.
+    writer: Arc<Mutex<SqliteConnection>>,
     url: String,
-    /// Writers of this process queue here, in order, instead of all polling
-    /// SQLite's write lock: busy_timeout retries are not fair, and under
-    /// many concurrent writers one of them would starve past the timeout.
-    writers: Arc<Mutex<()>>,
     /// Queued writers pass it shared, an urgent one (the heartbeat) takes
     /// it alone: it is next as soon as the write in progress ends, instead
     /// of polling SQLite's lock against a writer that takes it back within
@@ -68,47 +69,6 @@ pub struct SqliteStore {
     /// Other jobdeck processes' writers queue with ours here (`None` in
     /// memory).
     write_lock: Option<WriteLock>,
-}
-
-/// A `BEGIN IMMEDIATE` transaction, holding this process's writer slot
-/// (if it took one) until it commits or is dropped (rolled back).
-struct WriteTx {
-    tx: Transaction<'static, Sqlite>,
-    _slot: Option<OwnedMutexGuard<()>>,
-    _gate: Gate,
-    /// Released after the transaction, as the fields drop in order.
-    _turn: Option<WriteTurn>,
-    /// Set on the writing connection, which leaves checkpoints to these.
-    checkpoints: Option<Arc<Checkpoints>>,
-}
-
-/// How a transaction passed the gate (held until it ends).
-enum Gate {
-    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
-    Alone(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
-}
-
-impl WriteTx {
-    async fn commit(self) -> Result<()> {
-        self.tx.commit().await?;
-        if let Some(c) = &self.checkpoints {
-            c.after_commit();
-        }
-        Ok(())
-    }
-}
-
-impl Deref for WriteTx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &SqliteConnection {
-        &self.tx
-    }
-}
-
-impl DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.tx
-    }
 }
 
 /// Apply pending migrations. SQLite has no advisory lock: two processes
@@ -156,23 +116,17 @@ impl SqliteStore {
         super::migrate::check_version(&MIGRATOR, applied)?;
         migrate(&pool).await?;
         let write_lock = WriteLock::beside(opts.get_filename())?;
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(opts.pragma("wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT))
+        let writer = opts
+            .pragma("wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT)
+            .connect()
             .await
             .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
         Ok(SqliteStore {
             write_lock,
             checkpoints: Checkpoints::new(pool.clone()),
             pool,
-            writer,
+            writer: Arc::new(Mutex::new(writer)),
             url: url.to_string(),
-            writers: Arc::new(Mutex::new(())),
             gate: Arc::new(RwLock::new(())),
         })
     }
@@ -196,17 +150,29 @@ impl SqliteStore {
     /// A writing transaction that holds the write lock from its first
     /// statement, so a read-then-write never fails with BUSY_SNAPSHOT.
     async fn begin(&self) -> Result<WriteTx> {
-        let slot = self.writers.clone().lock_owned().await;
+        let (conn, gate, turn) = self.queue_to_write().await?;
+        WriteTx::begin(conn, gate, turn, Some(self.checkpoints.clone())).await
+    }
+
+    /// Like [`Self::begin`], for a caller that sends the `BEGIN IMMEDIATE`
+    /// itself as the first statement of its first query.
+    async fn begin_in_first_query(&self) -> Result<Unbegun> {
+        let (conn, gate, turn) = self.queue_to_write().await?;
+        Ok(WriteTx::unbegun(
+            conn,
+            gate,
+            turn,
+            Some(self.checkpoints.clone()),
+        ))
+    }
+
+    /// The writing connection, once this process's earlier writers and
+    /// other processes' writers are done.
+    async fn queue_to_write(&self) -> Result<(Held, Gate, Option<WriteTurn>)> {
+        let conn = Held::Writer(self.writer.clone().lock_owned().await);
         let gate = Gate::Shared(self.gate.clone().read_owned().await);
         let turn = self.turn().await?;
-        let tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTx {
-            tx,
-            _slot: Some(slot),
-            _gate: gate,
-            _turn: turn,
-            checkpoints: Some(self.checkpoints.clone()),
-        })
+        Ok((conn, gate, turn))
     }
 
     /// Like [`Self::begin`] but without queueing behind this process's
@@ -215,14 +181,8 @@ impl SqliteStore {
     async fn begin_urgent(&self) -> Result<WriteTx> {
         let gate = Gate::Alone(self.gate.clone().write_owned().await);
         let turn = self.turn().await?;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTx {
-            tx,
-            _slot: None,
-            _gate: gate,
-            _turn: turn,
-            checkpoints: None,
-        })
+        let conn = self.pool.acquire().await?;
+        WriteTx::begin(Held::Pooled(conn), gate, turn, None).await
     }
 }
 
