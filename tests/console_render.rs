@@ -176,6 +176,36 @@ fn no_workers_console_offers_no_node_keys() {
 }
 
 #[test]
+fn no_workers_quit_keys_promise_no_drain() {
+    let mut s = Screen::new();
+    s.app.overlay = Some(Overlay::Help);
+    let with_engine = s.text(120, 40);
+    assert!(with_engine.contains("q      quit (drain this node's jobs)"));
+    assert!(with_engine.contains("Q      quit now (stop this node's steps)"));
+    s.engine = None;
+    s.app.engine = false;
+    let help = s.text(120, 40);
+    // Without an engine both keys only leave: there is nothing to drain or
+    // stop (run.rs exits at once on either).
+    for promise in ["drain this node's jobs", "stop this node's steps"] {
+        assert!(!help.contains(promise), "{promise:?} in the help:\n{help}");
+    }
+    let line = |key: &str| {
+        help.lines()
+            .filter_map(|l| l.split('│').nth(1))
+            .find(|l| l.starts_with(&format!("  {key:<7}")))
+            .map(|l| l[9..].trim_end().to_string())
+    };
+    assert_eq!(line("q").as_deref(), Some("quit"));
+    assert_eq!(
+        line("Q").as_deref(),
+        Some("quit (as q: this node runs no steps to stop)")
+    );
+    s.app.overlay = None;
+    assert!(s.text(120, 32).contains("q quit"));
+}
+
+#[test]
 fn confirm_dialog() {
     let mut s = Screen::new();
     s.app.focus(Pane::Running);

@@ -1,7 +1,8 @@
 //! The one table of keys. Every binding carries its description and whether
 //! it changes anything; the footer hints and the help overlay are generated
 //! from it, and `--readonly` simply leaves the mutating ones unbound, as
-//! `--no-workers` does the ones that act on this node's engine.
+//! `--no-workers` does the ones that act on this node's engine (and words
+//! the ones whose effect shrinks without it, such as the quit keys).
 
 use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
@@ -84,6 +85,18 @@ pub struct Binding {
     pub scope: Scope,
     /// Shown in the footer (the movement keys are left to the help).
     pub hint: bool,
+    /// The description without this node's engine, for a key that still
+    /// works there but does less; read it through [`Mode::description`].
+    pub without_engine: Option<&'static str>,
+}
+
+impl Binding {
+    const fn without_engine(self, description: &'static str) -> Binding {
+        Binding {
+            without_engine: Some(description),
+            ..self
+        }
+    }
 }
 
 use KeyCode::{BackTab, Char, Down, End, Enter, Esc, Home, PageDown, PageUp, Tab, Up};
@@ -105,6 +118,7 @@ const fn b(
         mutating,
         scope,
         hint,
+        without_engine: None,
     }
 }
 
@@ -353,7 +367,8 @@ pub const BINDINGS: &[Binding] = &[
         false,
         Scope::Global,
         true,
-    ),
+    )
+    .without_engine("quit"),
     b(
         &[Char('Q')],
         "Q",
@@ -362,7 +377,10 @@ pub const BINDINGS: &[Binding] = &[
         false,
         Scope::Global,
         false,
-    ),
+    )
+    // Kept bound: an operator used to Q still gets out, and exits at once
+    // just as q does.
+    .without_engine("quit (as q: this node runs no steps to stop)"),
 ];
 
 /// Where the operator is, for scoping.
@@ -403,6 +421,14 @@ impl Mode {
             Some("this console runs no workers (--no-workers)")
         } else {
             None
+        }
+    }
+
+    /// What `b` does in this mode, for the help, the hints and the flash.
+    pub fn description(self, b: &Binding) -> &'static str {
+        match b.without_engine {
+            Some(d) if !self.engine => d,
+            _ => b.description,
         }
     }
 }
@@ -457,11 +483,11 @@ pub fn hints(ctx: Context, mode: Mode) -> Vec<(&'static str, &'static str)> {
             seen.push(b.label);
             fresh
         })
-        .map(|b| (b.label, short(b)))
+        .map(|b| (b.label, short(b, mode)))
         .collect()
 }
 
-fn short(b: &Binding) -> &'static str {
+fn short(b: &Binding, mode: Mode) -> &'static str {
     match b.action {
         Action::Open => "detail",
         Action::Mark => "mark",
@@ -476,6 +502,6 @@ fn short(b: &Binding) -> &'static str {
         Action::PauseNode => "pause node",
         Action::Help => "help",
         Action::Quit => "quit",
-        _ => b.description,
+        _ => mode.description(b),
     }
 }

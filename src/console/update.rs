@@ -63,7 +63,8 @@ pub fn on_key(app: &mut App, key: &KeyEvent, snap: &Snapshot, catalog: &Catalog)
         {
             app.flash = Some(Flash::err(format!(
                 "{why}: {} ({}) is disabled",
-                b.label, b.description
+                b.label,
+                app.mode().description(b)
             )));
         }
         return Effect::None;

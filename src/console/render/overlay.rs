@@ -79,7 +79,7 @@ fn help(frame: &mut Frame, area: Rect, v: &View) {
         for b in keys {
             lines.push(Line::from(vec![
                 Span::styled(format!("  {:<7}", b.label), t.key()),
-                Span::raw(b.description),
+                Span::raw(v.app.mode().description(b)),
             ]));
         }
     }
