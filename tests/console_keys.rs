@@ -72,6 +72,7 @@ fn key_to_action_table() {
         (key(Enter), detail, None),
         (key(Esc), ctx(Pane::Queued), Some(A::Back)),
         (ch(' '), ctx(Pane::Stale), Some(A::Mark)),
+        (ch(' '), detail, None),
         (ch('c'), ctx(Pane::Running), Some(A::Cancel)),
         (ch('c'), detail, Some(A::Cancel)),
         (ch('c'), ctx(Pane::Workers), None),
@@ -86,6 +87,8 @@ fn key_to_action_table() {
         (ch('x'), ctx(Pane::Running), None),
         (ch('x'), detail, None),
         (ch('/'), ctx(Pane::Queued), Some(A::Filter)),
+        (ch('/'), ctx(Pane::Locks), Some(A::Filter)),
+        (ch('/'), detail, None),
         (ch('n'), ctx(Pane::Locks), Some(A::Enqueue)),
         (ch('p'), ctx(Pane::Queued), Some(A::PauseNode)),
         (ch('+'), ctx(Pane::Queued), Some(A::SlotsUp)),
@@ -205,6 +208,41 @@ fn without_workers_the_node_keys_are_unbound_and_say_why() {
         flash.text,
         "this console runs no workers (--no-workers): p (pause/resume this node's claiming) is disabled"
     );
+}
+
+#[test]
+fn space_and_slash_are_unbound_in_the_detail_view() {
+    let detail = Context {
+        pane: Pane::Running,
+        detail: true,
+    };
+    for c in [' ', '/'] {
+        assert_eq!(keymap::lookup(&ch(c), detail, OPERATOR), None, "{c:?}");
+    }
+    let hints = keymap::hints(detail, OPERATOR);
+    assert!(
+        hints.iter().all(|(k, _)| !["Space", "/"].contains(k)),
+        "list keys offered in the detail view: {hints:?}"
+    );
+    // The filter is still there for every pane, not only the job panes.
+    for p in Pane::ALL {
+        assert_eq!(
+            keymap::lookup(&ch('/'), ctx(p), OPERATOR),
+            Some(Action::Filter)
+        );
+    }
+
+    let snap = fixture::with_detail(fixture::snapshot(), 7);
+    let cat = fixture::catalog();
+    let mut app = App::new(false);
+    app.focus(Pane::Running);
+    on_key(&mut app, &key(KeyCode::Enter), &snap, &cat);
+    assert_eq!(app.detail, Some(7));
+    let before = app.clone();
+    for c in [' ', '/'] {
+        assert_eq!(on_key(&mut app, &ch(c), &snap, &cat), Effect::None);
+        assert_eq!(app, before, "{c:?} acted behind the detail view");
+    }
 }
 
 #[test]

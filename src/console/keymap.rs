@@ -53,6 +53,9 @@ impl Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     Global,
+    /// Any pane is focused: everywhere but the detail view, whose one job
+    /// has no rows to mark or filter.
+    Panes,
     /// A job pane is focused (not the detail view).
     Rows,
     /// A job pane is focused, or the detail view is open.
@@ -65,6 +68,7 @@ impl Scope {
     pub fn title(self) -> &'static str {
         match self {
             Scope::Global => "everywhere",
+            Scope::Panes => "all panes (not the detail)",
             Scope::Rows => "job panes",
             Scope::Jobs => "job panes and detail",
             Scope::Locks => "Locks",
@@ -122,8 +126,8 @@ const fn b(
     }
 }
 
-/// Scoped bindings come first: a key bound in a scope shadows the global
-/// meaning (`r` fires a schedule in Schedules, requeues elsewhere).
+/// A key bound in several scopes has its narrower bindings first: the first
+/// in scope wins (`r` fires a schedule in Schedules, requeues elsewhere).
 pub const BINDINGS: &[Binding] = &[
     b(
         &[Char('r')],
@@ -167,7 +171,7 @@ pub const BINDINGS: &[Binding] = &[
         Action::Mark,
         "mark/unmark the row",
         false,
-        Scope::Jobs,
+        Scope::Rows,
         true,
     ),
     b(
@@ -311,7 +315,7 @@ pub const BINDINGS: &[Binding] = &[
         Action::Filter,
         "filter rows by id, pipeline, target",
         false,
-        Scope::Global,
+        Scope::Panes,
         true,
     ),
     b(
@@ -394,6 +398,7 @@ impl Context {
     pub fn in_scope(self, scope: Scope) -> bool {
         match scope {
             Scope::Global => true,
+            Scope::Panes => !self.detail,
             Scope::Rows => !self.detail && self.pane.shows_jobs(),
             Scope::Jobs => self.detail || self.pane.shows_jobs(),
             Scope::Locks => !self.detail && self.pane == Pane::Locks,

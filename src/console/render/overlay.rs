@@ -62,6 +62,7 @@ fn help(frame: &mut Frame, area: Rect, v: &View) {
     let mut lines = Vec::new();
     for scope in [
         Scope::Global,
+        Scope::Panes,
         Scope::Rows,
         Scope::Jobs,
         Scope::Locks,
