@@ -10,8 +10,7 @@ use anyhow::Context as _;
 use chrono::Utc;
 use futures::StreamExt;
 use ratatui::crossterm::event::{
-    DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind, MouseButton,
-    MouseEvent, MouseEventKind,
+    DisableMouseCapture, EnableMouseCapture, Event, EventStream, KeyEventKind,
 };
 use ratatui::crossterm::execute;
 use ratatui::layout::Rect;
@@ -22,7 +21,7 @@ use super::catalog::Catalog;
 use super::render::{self, Theme, View};
 use super::snapshot::fetch::{FetchRequest, spawn_fetcher};
 use super::state::{App, Flash};
-use super::update::{Effect, on_key};
+use super::update::{Effect, on_key, on_mouse};
 use crate::config::Config;
 use crate::engine::{EngineHandle, EngineStatus};
 use crate::store::Store;
@@ -43,9 +42,6 @@ pub struct ConsoleOptions {
 /// Redraw at least this often, so clocks and countdowns move between
 /// snapshots.
 const TICK: Duration = Duration::from_millis(250);
-
-/// Rows moved per mouse wheel notch.
-const WHEEL: isize = 3;
 
 /// Run the console until the operator quits. The terminal is restored on
 /// return, on error and on panic.
@@ -144,7 +140,7 @@ impl Console {
                         let effect = on_key(&mut self.app, &key, &snap, &self.catalog);
                         self.effect(effect, &flash_tx, &stopped_tx);
                     }
-                    Some(Ok(Event::Mouse(m))) => self.mouse(m, area, &snap),
+                    Some(Ok(Event::Mouse(m))) => on_mouse(&mut self.app, &m, area, &snap),
                     Some(Ok(_)) => {}
                     Some(Err(e)) => break Err(anyhow::Error::new(e).context("terminal input failed")),
                     None => break Ok(()),
@@ -251,54 +247,6 @@ impl Console {
                     let _ = tx.send(());
                 });
             }
-        }
-    }
-
-    /// Click focuses the pane under the pointer and selects the row; the
-    /// wheel scrolls the pane under it, or the detail view's events.
-    /// Overlays swallow the mouse.
-    fn mouse(&mut self, m: MouseEvent, area: Rect, snap: &super::Snapshot) {
-        if self.app.overlay.is_some() || render::too_small(area) {
-            return;
-        }
-        let areas = render::layout(area, &self.app, render::job_rows(snap));
-        if let MouseEventKind::Down(MouseButton::Left) = m.kind
-            && let Some(tabs) = areas.tabs
-            && m.row == tabs.y
-        {
-            if let Some(p) = render::tab_at(m.column.saturating_sub(tabs.x)) {
-                self.app.detail = None;
-                self.app.focus(p);
-            }
-            return;
-        }
-        if self.app.detail.is_some() {
-            match m.kind {
-                MouseEventKind::ScrollDown => self.app.scroll_events(WHEEL, snap),
-                MouseEventKind::ScrollUp => self.app.scroll_events(-WHEEL, snap),
-                _ => {}
-            }
-            return;
-        }
-        let Some((pane, row)) = areas.hit(m.column, m.row, &self.app) else {
-            return;
-        };
-        match m.kind {
-            MouseEventKind::Down(MouseButton::Left) => {
-                self.app.focus(pane);
-                if let Some(row) = row.filter(|r| *r < pane.len(snap)) {
-                    self.app.select(pane, row);
-                }
-            }
-            MouseEventKind::ScrollDown => {
-                self.app.focus(pane);
-                self.app.move_by(WHEEL, snap);
-            }
-            MouseEventKind::ScrollUp => {
-                self.app.focus(pane);
-                self.app.move_by(-WHEEL, snap);
-            }
-            _ => {}
         }
     }
 }

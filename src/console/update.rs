@@ -1,7 +1,8 @@
-//! Keys in, state changes and commands out. Pure: no I/O, so every key's
-//! effect is testable against a fixed snapshot.
+//! Keys and mouse in, state changes and commands out. Pure: no I/O, so
+//! every key's and click's effect is testable against a fixed snapshot.
 
-use ratatui::crossterm::event::KeyEvent;
+use ratatui::crossterm::event::{KeyEvent, MouseButton, MouseEvent, MouseEventKind};
+use ratatui::layout::Rect;
 
 use crate::job::{Move, check};
 
@@ -9,11 +10,15 @@ use super::actions::Command;
 use super::catalog::Catalog;
 use super::dialogs::{Confirm, Input, Overlay, Reply};
 use super::keymap::{self, Action, Context};
+use super::render;
 use super::snapshot::Snapshot;
 use super::state::{App, Flash, Pane};
 
 /// Rows moved by PgUp/PgDn.
 pub const PAGE: isize = 10;
+
+/// Rows moved per mouse wheel notch.
+pub const WHEEL: isize = 3;
 
 /// What the loop must do after a key.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +78,54 @@ pub fn on_key(app: &mut App, key: &KeyEvent, snap: &Snapshot, catalog: &Catalog)
     // answer to this one (or sit under the dialog this one opens).
     app.flash = None;
     apply(app, action, snap, catalog)
+}
+
+/// Click focuses the pane under the pointer and selects the row; the
+/// wheel scrolls the pane under it, or the detail view's events.
+/// Overlays swallow the mouse. `area` is the whole terminal, as drawn.
+pub fn on_mouse(app: &mut App, m: &MouseEvent, area: Rect, snap: &Snapshot) {
+    if app.overlay.is_some() || render::too_small(area) {
+        return;
+    }
+    let areas = render::layout(area, app, render::job_rows(snap));
+    if let MouseEventKind::Down(MouseButton::Left) = m.kind
+        && let Some(tabs) = areas.tabs
+        && m.row == tabs.y
+    {
+        if let Some(p) = render::tab_at(m.column.saturating_sub(tabs.x)) {
+            app.detail = None;
+            app.focus(p);
+        }
+        return;
+    }
+    if app.detail.is_some() {
+        match m.kind {
+            MouseEventKind::ScrollDown => app.scroll_events(WHEEL, snap),
+            MouseEventKind::ScrollUp => app.scroll_events(-WHEEL, snap),
+            _ => {}
+        }
+        return;
+    }
+    let Some((pane, row)) = areas.hit(m.column, m.row, app) else {
+        return;
+    };
+    match m.kind {
+        MouseEventKind::Down(MouseButton::Left) => {
+            app.focus(pane);
+            if let Some(row) = row.filter(|r| *r < pane.len(snap)) {
+                app.select(pane, row);
+            }
+        }
+        MouseEventKind::ScrollDown => {
+            app.focus(pane);
+            app.move_by(WHEEL, snap);
+        }
+        MouseEventKind::ScrollUp => {
+            app.focus(pane);
+            app.move_by(-WHEEL, snap);
+        }
+        _ => {}
+    }
 }
 
 pub fn apply(app: &mut App, action: Action, snap: &Snapshot, catalog: &Catalog) -> Effect {
