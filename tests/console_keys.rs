@@ -5,12 +5,24 @@ use jobdeck::console::dialogs::Overlay;
 use jobdeck::console::fixture;
 use jobdeck::console::keymap::{self, Action, Context, Mode};
 use jobdeck::console::state::Flash;
-use jobdeck::console::update::{Effect, on_key};
+use jobdeck::console::update::{Effect, on_key, on_mouse};
 use jobdeck::console::{App, Command, Pane};
-use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use ratatui::crossterm::event::{
+    KeyCode, KeyEvent, KeyModifiers, MouseButton, MouseEvent, MouseEventKind,
+};
+use ratatui::layout::Rect;
 
 fn key(code: KeyCode) -> KeyEvent {
     KeyEvent::new(code, KeyModifiers::NONE)
+}
+
+fn mouse(kind: MouseEventKind, column: u16, row: u16) -> MouseEvent {
+    MouseEvent {
+        kind,
+        column,
+        row,
+        modifiers: KeyModifiers::NONE,
+    }
 }
 
 fn ch(c: char) -> KeyEvent {
@@ -462,4 +474,69 @@ fn mouse_hits_map_to_panes_rows_and_tabs() {
     assert_eq!(tab_at(9), Some(Pane::Leased));
     assert_eq!(tab_at(18), Some(Pane::Running));
     assert_eq!(tab_at(200), None);
+}
+
+#[test]
+fn a_click_or_wheel_clears_an_old_flash_as_a_key_does() {
+    use MouseEventKind::{Down, Moved, ScrollDown, ScrollUp};
+    let snap = fixture::with_detail(fixture::snapshot(), 7);
+    let wide = Rect::new(0, 0, 120, 32);
+    let old = || Some(Flash::ok("job 9 requeued"));
+    let mut app = App::new(false);
+
+    // Queued row 2 of the wide layout (see mouse_hits_map_to_panes_rows_and_tabs).
+    app.flash = old();
+    on_mouse(
+        &mut app,
+        &mouse(Down(MouseButton::Left), 10, 6),
+        wide,
+        &snap,
+    );
+    assert_eq!(app.selected_row(Pane::Queued, &snap), Some(2));
+    assert_eq!(app.flash, None, "the click left the old result up");
+
+    app.flash = old();
+    on_mouse(&mut app, &mouse(ScrollUp, 10, 6), wide, &snap);
+    assert_eq!(app.selected_row(Pane::Queued, &snap), Some(0));
+    assert_eq!(app.flash, None, "the wheel left the old result up");
+
+    // Tabs of the narrow layout, and the detail view's events.
+    app.flash = old();
+    on_mouse(
+        &mut app,
+        &mouse(Down(MouseButton::Left), 9, 2),
+        Rect::new(0, 0, 80, 24),
+        &snap,
+    );
+    assert_eq!(app.focus, Pane::Leased);
+    assert_eq!(app.flash, None, "the tab click left the old result up");
+    app.open_detail(Some(7));
+    app.flash = old();
+    on_mouse(&mut app, &mouse(ScrollUp, 10, 10), wide, &snap);
+    assert_eq!(app.detail_event, Some(0));
+    assert_eq!(app.flash, None, "the detail's wheel left the old result up");
+    app.detail = None;
+
+    // What does nothing is no action, as an unbound key: the flash stays.
+    let before = {
+        app.flash = old();
+        app.clone()
+    };
+    for (m, area) in [
+        (mouse(Moved, 10, 6), wide),
+        (mouse(Down(MouseButton::Right), 10, 6), wide),
+        (mouse(Down(MouseButton::Left), 10, 31), wide),
+        (mouse(ScrollDown, 10, 6), Rect::new(0, 0, 30, 8)),
+    ] {
+        on_mouse(&mut app, &m, area, &snap);
+        assert_eq!(app, before, "{m:?} at {area:?}");
+    }
+    app.overlay = Some(Overlay::Help);
+    on_mouse(
+        &mut app,
+        &mouse(Down(MouseButton::Left), 10, 6),
+        wide,
+        &snap,
+    );
+    assert_eq!(app.flash, old(), "the help swallows the click");
 }

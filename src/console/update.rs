@@ -80,51 +80,71 @@ pub fn on_key(app: &mut App, key: &KeyEvent, snap: &Snapshot, catalog: &Catalog)
     apply(app, action, snap, catalog)
 }
 
+/// What a mouse event does, worked out before anything changes.
+enum Gesture {
+    Tab(Pane),
+    Click(Pane, Option<usize>),
+    Wheel(Pane, isize),
+    /// The wheel in the detail view: its events.
+    Events(isize),
+}
+
 /// Click focuses the pane under the pointer and selects the row; the
 /// wheel scrolls the pane under it, or the detail view's events.
 /// Overlays swallow the mouse. `area` is the whole terminal, as drawn.
 pub fn on_mouse(app: &mut App, m: &MouseEvent, area: Rect, snap: &Snapshot) {
-    if app.overlay.is_some() || render::too_small(area) {
+    let Some(gesture) = gesture(app, m, area, snap) else {
         return;
-    }
-    let areas = render::layout(area, app, render::job_rows(snap));
-    if let MouseEventKind::Down(MouseButton::Left) = m.kind
-        && let Some(tabs) = areas.tabs
-        && m.row == tabs.y
-    {
-        if let Some(p) = render::tab_at(m.column.saturating_sub(tabs.x)) {
+    };
+    // As for a key: the flash answered the previous action. Cleared before
+    // acting, so that a flash this gesture raises would stay up.
+    app.flash = None;
+    match gesture {
+        Gesture::Tab(p) => {
             app.detail = None;
             app.focus(p);
         }
-        return;
-    }
-    if app.detail.is_some() {
-        match m.kind {
-            MouseEventKind::ScrollDown => app.scroll_events(WHEEL, snap),
-            MouseEventKind::ScrollUp => app.scroll_events(-WHEEL, snap),
-            _ => {}
-        }
-        return;
-    }
-    let Some((pane, row)) = areas.hit(m.column, m.row, app) else {
-        return;
-    };
-    match m.kind {
-        MouseEventKind::Down(MouseButton::Left) => {
+        Gesture::Click(pane, row) => {
             app.focus(pane);
             if let Some(row) = row.filter(|r| *r < pane.len(snap)) {
                 app.select(pane, row);
             }
         }
-        MouseEventKind::ScrollDown => {
+        Gesture::Wheel(pane, delta) => {
             app.focus(pane);
-            app.move_by(WHEEL, snap);
+            app.move_by(delta, snap);
         }
-        MouseEventKind::ScrollUp => {
-            app.focus(pane);
-            app.move_by(-WHEEL, snap);
-        }
-        _ => {}
+        Gesture::Events(delta) => app.scroll_events(delta, snap),
+    }
+}
+
+/// `None` for what does nothing (a move, a button we do not use, a click
+/// beside the panes), which, like an unbound key, leaves the flash up.
+fn gesture(app: &App, m: &MouseEvent, area: Rect, snap: &Snapshot) -> Option<Gesture> {
+    if app.overlay.is_some() || render::too_small(area) {
+        return None;
+    }
+    let areas = render::layout(area, app, render::job_rows(snap));
+    let click = m.kind == MouseEventKind::Down(MouseButton::Left);
+    let wheel = match m.kind {
+        MouseEventKind::ScrollDown => Some(WHEEL),
+        MouseEventKind::ScrollUp => Some(-WHEEL),
+        _ => None,
+    };
+    if click
+        && let Some(tabs) = areas.tabs
+        && m.row == tabs.y
+    {
+        return render::tab_at(m.column.saturating_sub(tabs.x)).map(Gesture::Tab);
+    }
+    if app.detail.is_some() {
+        return wheel.map(Gesture::Events);
+    }
+    let (pane, row) = areas.hit(m.column, m.row, app)?;
+    if click {
+        Some(Gesture::Click(pane, row))
+    } else {
+        wheel.map(|delta| Gesture::Wheel(pane, delta))
     }
 }
 
