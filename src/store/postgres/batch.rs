@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 
 use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, ms, rows};
@@ -53,107 +53,126 @@ impl PgStore {
         req: &CycleRequest,
         worker: &str,
     ) -> Result<CycleOutcome> {
-        if req.finishes.iter().all(|(_, o)| *o == Outcome::Succeeded) {
-            return self.cycle_in_one_call(req, worker).await;
-        }
-        let mut tx = self.pool.begin().await?;
-        let finished = finish_batch_in(&mut tx, &req.finishes, worker).await?;
-        let jobs = match &req.claim {
-            Some(claim) => claim_in(&mut tx, claim).await?,
-            None => Vec::new(),
+        let mut held = self.engine.hold(&self.pool).await?;
+        let outcome = if req.finishes.iter().all(|(_, o)| *o == Outcome::Succeeded) {
+            cycle_in_one_call(held.conn(), req, worker).await
+        } else {
+            cycle_in_parts(held.conn(), req, worker).await
         };
-        let (startable, starts) = startable(&jobs, &req.specs);
-        let answers = start_batch_in(&mut tx, &starts, worker).await?;
-        tx.commit().await?;
-        Ok(CycleOutcome {
-            finished,
-            claimed: pair_starts(jobs, startable, answers),
-        })
+        held.release(&outcome);
+        outcome
     }
+}
 
-    /// A cycle whose finishes are all successes (the common case) in one
-    /// call of `jobdeck_cycle` (migration 0003): one round trip, and the
-    /// statement's own commit. Failures need the full decision of
-    /// `finish_in`, so a cycle with one goes statement by statement.
-    async fn cycle_in_one_call(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome> {
-        let done = successes(&req.finishes);
-        if let Some(first) = done.first() {
-            job::check(first.id, State::Running, job::Move::Succeed)?;
-        }
-        let (pipelines, limit, claim_lease) = match &req.claim {
-            Some(c) => (c.pipelines.as_slice(), c.limit, c.lease),
-            None => (&[][..], 0, Duration::ZERO),
-        };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX / 16);
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            job_cols!(),
-            " FROM jobdeck_cycle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-        ))
-        .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
-        .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
-        .bind(worker)
-        .bind(pipelines)
-        .bind(claim_window(limit))
-        .bind(limit)
-        .bind(ms(claim_lease))
-        .bind(
-            req.specs
-                .iter()
-                .map(|(p, _)| p.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            req.specs
-                .iter()
-                .map(|(_, s)| ms(s.lease))
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            req.specs
-                .iter()
-                .map(|(_, s)| s.on_stale.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            req.specs
-                .iter()
-                .map(|(_, s)| ms(s.backoff))
-                .collect::<Vec<_>>(),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let mut succeeded = HashSet::with_capacity(done.len());
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let job = rows::job(row)?;
-            match job.state {
-                State::Succeeded => {
-                    succeeded.insert(LeaseRef {
-                        id: job.id,
-                        token: job.lease_token.unwrap_or_default(),
-                    });
-                }
-                State::Running => claimed.push(Claimed {
-                    started: Some((job.attempt, job.lock_fence)),
-                    job,
-                }),
-                _ => claimed.push(Claimed { job, started: None }),
-            }
-        }
-        let finished = req
-            .finishes
-            .iter()
-            .map(|(lease, _)| {
-                if succeeded.contains(lease) {
-                    Ok(State::Succeeded)
-                } else {
-                    Err(StoreError::LeaseLost(lease.id))
-                }
-            })
-            .collect();
-        Ok(CycleOutcome { finished, claimed })
+/// A cycle with a failure, cancellation or timeout among its finishes:
+/// statement by statement in one transaction, each finish through the full
+/// decision of `finish_in`.
+async fn cycle_in_parts(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<CycleOutcome> {
+    let mut tx = conn.begin().await?;
+    let finished = finish_batch_in(&mut tx, &req.finishes, worker).await?;
+    let jobs = match &req.claim {
+        Some(claim) => claim_in(&mut tx, claim).await?,
+        None => Vec::new(),
+    };
+    let (startable, starts) = startable(&jobs, &req.specs);
+    let answers = start_batch_in(&mut tx, &starts, worker).await?;
+    tx.commit().await?;
+    Ok(CycleOutcome {
+        finished,
+        claimed: pair_starts(jobs, startable, answers),
+    })
+}
+
+/// A cycle whose finishes are all successes (the common case) in one
+/// call of `jobdeck_cycle` (migration 0003): one round trip, and the
+/// statement's own commit. Failures need the full decision of
+/// `finish_in`, so a cycle with one goes statement by statement.
+async fn cycle_in_one_call(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<CycleOutcome> {
+    let done = successes(&req.finishes);
+    if let Some(first) = done.first() {
+        job::check(first.id, State::Running, job::Move::Succeed)?;
     }
+    let (pipelines, limit, claim_lease) = match &req.claim {
+        Some(c) => (c.pipelines.as_slice(), c.limit, c.lease),
+        None => (&[][..], 0, Duration::ZERO),
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX / 16);
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        job_cols!(),
+        " FROM jobdeck_cycle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+    ))
+    .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
+    .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
+    .bind(worker)
+    .bind(pipelines)
+    .bind(claim_window(limit))
+    .bind(limit)
+    .bind(ms(claim_lease))
+    .bind(
+        req.specs
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        req.specs
+            .iter()
+            .map(|(_, s)| ms(s.lease))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        req.specs
+            .iter()
+            .map(|(_, s)| s.on_stale.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        req.specs
+            .iter()
+            .map(|(_, s)| ms(s.backoff))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut succeeded = HashSet::with_capacity(done.len());
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let job = rows::job(row)?;
+        match job.state {
+            State::Succeeded => {
+                succeeded.insert(LeaseRef {
+                    id: job.id,
+                    token: job.lease_token.unwrap_or_default(),
+                });
+            }
+            State::Running => claimed.push(Claimed {
+                started: Some((job.attempt, job.lock_fence)),
+                job,
+            }),
+            _ => claimed.push(Claimed { job, started: None }),
+        }
+    }
+    let finished = req
+        .finishes
+        .iter()
+        .map(|(lease, _)| {
+            if succeeded.contains(lease) {
+                Ok(State::Succeeded)
+            } else {
+                Err(StoreError::LeaseLost(lease.id))
+            }
+        })
+        .collect();
+    Ok(CycleOutcome { finished, claimed })
 }
 
 /// Start a batch of leased jobs whose rows this transaction has locked,

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,6 +24,7 @@ use super::{
     StoreError, WorkerBeat, WorkerInfo, redact_url,
 };
 use crate::job::{Event, Job, State};
+use engine_conn::EngineConn;
 
 /// The job columns every job-returning query selects, in the shape
 /// `rows::job` decodes (JSON as text: the crate has no sqlx `json` feature).
@@ -36,6 +38,7 @@ macro_rules! job_cols {
 }
 
 mod batch;
+mod engine_conn;
 mod enqueue;
 mod notices;
 mod operator;
@@ -55,6 +58,7 @@ pub const CANCEL_CHANNEL: &str = "jobdeck_cancel";
 pub struct PgStore {
     pool: PgPool,
     url: String,
+    engine: Arc<EngineConn>,
 }
 
 impl PgStore {
@@ -106,6 +110,7 @@ impl PgStore {
         Ok(PgStore {
             pool,
             url: url.to_string(),
+            engine: Arc::default(),
         })
     }
 
