@@ -281,6 +281,14 @@ pub struct JobFilter {
     pub order: JobOrder,
 }
 
+impl JobFilter {
+    /// Only finished states: every such job has a `finished_at`, which the
+    /// partial index on it (both backends) needs the query to say.
+    pub fn finished_only(&self) -> bool {
+        !self.states.is_empty() && self.states.iter().all(|s| s.is_terminal())
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum JobOrder {
     /// Newest id first.

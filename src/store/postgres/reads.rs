@@ -98,6 +98,9 @@ impl PgStore {
                 let _ = write!(sql, "state IN ({})", many.join(", "));
             }
         }
+        if filter.finished_only() {
+            sql.push_str(" AND finished_at IS NOT NULL");
+        }
         let mut n = 0;
         let mut param = || {
             n += 1;

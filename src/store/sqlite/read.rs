@@ -223,14 +223,10 @@ fn state_terms(filter: &JobFilter) -> String {
         [one] => format!("state = {one}"),
         many => format!("state IN ({})", many.join(",")),
     };
-    if finished_only(filter) {
+    if filter.finished_only() {
         terms.push_str(" AND finished_at IS NOT NULL");
     }
     terms
-}
-
-fn finished_only(filter: &JobFilter) -> bool {
-    !filter.states.is_empty() && filter.states.iter().all(|s| s.is_terminal())
 }
 
 /// The index that serves a pane in its own order, so the LIMIT stops the
@@ -243,7 +239,7 @@ fn list_index(filter: &JobFilter) -> &'static str {
     }
     match filter.order {
         JobOrder::ClaimOrder if filter.states == [State::Queued] => "INDEXED BY jobs_claim",
-        JobOrder::RecentlyFinished if finished_only(filter) => "INDEXED BY jobs_finished",
+        JobOrder::RecentlyFinished if filter.finished_only() => "INDEXED BY jobs_finished",
         _ => "",
     }
 }
