@@ -1,0 +1,141 @@
+-- The cycle's successes, locked and then written by row version (ctid),
+-- not by a join on id. Its generic plan joined the ids to every running
+-- job: the statistics of a queue analyzed before it ran say "about one
+-- running job", so the planner hashed the state index's whole 'running'
+-- range (dead entries included: about 12 % of the server's time in a
+-- profile of the benchmark), and at a cluster's thousand running jobs the
+-- same plan reads them all at every cycle. Now the lock reads the jobs by
+-- primary key, in id order as before (renewals lock in the same order),
+-- the lease check runs on the versions it locked, and the update visits
+-- exactly those versions (a TID scan); no one else can change them in
+-- between, as this transaction holds their locks.
+CREATE OR REPLACE FUNCTION jobdeck_cycle(
+    p_done_ids        BIGINT[],
+    p_done_tokens     BIGINT[],
+    p_worker          TEXT,
+    p_pipelines       TEXT[],
+    p_window          BIGINT,
+    p_limit           BIGINT,
+    p_claim_lease_ms  BIGINT,
+    p_spec_pipelines  TEXT[],
+    p_spec_lease_ms   BIGINT[],
+    p_spec_on_stale   TEXT[],
+    p_spec_backoff_ms BIGINT[]
+) RETURNS SETOF jobs
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- With array and LIMIT parameters every custom plan looks cheaper than the
+-- generic one, so without this the statements were planned at every call
+-- (a third of the server's time in the benchmark). The generic plans walk
+-- the same indexes (jobs_claim, jobs_pkey, locks_pkey).
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    v_done TID[];
+BEGIN
+    IF cardinality(p_done_ids) > 0 THEN
+        -- Renewals lock a worker's rows in id order too: neither can hold
+        -- one row while waiting for another the other holds.
+        SELECT array_agg(l.ctid) FILTER (WHERE l.state = 'running' AND l.lease_token = l.token)
+        INTO v_done FROM (
+            SELECT j.ctid, j.state, j.lease_token, t.token
+            FROM jobs j JOIN unnest(p_done_ids, p_done_tokens) AS t(id, token) ON t.id = j.id
+            WHERE j.id = ANY (p_done_ids)
+            ORDER BY j.id
+            FOR NO KEY UPDATE OF j
+        ) l;
+        RETURN QUERY
+        WITH done AS (
+            UPDATE jobs SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL
+            WHERE jobs.ctid = ANY (v_done)
+            RETURNING jobs.*
+        ), freed AS (
+            UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL,
+                expires_at = NULL
+            FROM done
+            WHERE locks.target = done.target AND locks.fence = done.lock_fence
+              AND locks.holder_job = done.id
+        ), logged AS (
+            INSERT INTO job_events (job_id, from_state, to_state, actor, detail)
+            SELECT id, 'running', 'succeeded', p_worker, '' FROM done ORDER BY id
+        )
+        SELECT * FROM done;
+    END IF;
+
+    IF p_limit > 0 AND cardinality(p_pipelines) > 0 THEN
+        -- A new statement: it sees the locks the successes just released.
+        -- The candidate window and the target checks are the claim's of
+        -- worker.rs (see there why the checks are OFFSET 0 probes).
+        RETURN QUERY
+        WITH candidates AS (
+            SELECT j.id, j.pipeline, j.target, j.priority, j.due_at FROM jobs j
+            WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY (p_pipelines)
+              AND (j.target IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM locks l
+                            WHERE l.target = j.target AND l.holder_job IS NOT NULL
+                            OFFSET 0)
+                AND NOT EXISTS (SELECT 1 FROM jobs o
+                                WHERE o.target = j.target AND o.state = 'leased'
+                                OFFSET 0)))
+            ORDER BY j.priority DESC, j.due_at, j.id
+            LIMIT p_window
+            FOR UPDATE OF j SKIP LOCKED
+        ), ranked AS (
+            SELECT c.*, row_number() OVER (
+                PARTITION BY c.target ORDER BY c.priority DESC, c.due_at, c.id) AS nth
+            FROM candidates c
+        ), picked AS (
+            SELECT r.id, r.pipeline, r.target FROM ranked r WHERE r.nth = 1 OR r.target IS NULL
+            ORDER BY r.priority DESC, r.due_at, r.id LIMIT p_limit
+        ), spec AS (
+            SELECT * FROM unnest(p_spec_pipelines, p_spec_lease_ms, p_spec_on_stale,
+                                 p_spec_backoff_ms) AS s(pipeline, lease_ms, on_stale, backoff_ms)
+        ), taken AS (
+            -- In target order, as every lock-taking batch: two nodes'
+            -- cycles cannot deadlock on each other's locks.
+            INSERT INTO locks AS l (target, fence, holder_job, holder_worker, acquired_at, expires_at)
+            SELECT p.target, 1, p.id, p_worker, now(), now() + s.lease_ms * interval '1 millisecond'
+            FROM picked p JOIN spec s ON s.pipeline = p.pipeline
+            WHERE p.target IS NOT NULL
+            ORDER BY p.target
+            ON CONFLICT (target) DO UPDATE SET fence = l.fence + 1,
+                holder_job = EXCLUDED.holder_job, holder_worker = EXCLUDED.holder_worker,
+                acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+            WHERE l.holder_job IS NULL
+            RETURNING l.holder_job AS id, l.fence
+        ), plan AS (
+            SELECT p.id, t.fence, s.on_stale, s.backoff_ms, s.lease_ms,
+                   s.pipeline IS NOT NULL AND (p.target IS NULL OR t.id IS NOT NULL) AS go
+            FROM picked p
+            LEFT JOIN spec s ON s.pipeline = p.pipeline
+            LEFT JOIN taken t ON t.id = p.id
+        ), claimed AS (
+            UPDATE jobs SET
+                state = CASE WHEN plan.go THEN 'running' ELSE 'leased' END,
+                lease_owner = p_worker,
+                lease_token = nextval('lease_tokens'),
+                lease_expires_at = now() + CASE WHEN plan.go THEN plan.lease_ms
+                                                ELSE p_claim_lease_ms END
+                                         * interval '1 millisecond',
+                attempt = jobs.attempt + CASE WHEN plan.go THEN 1 ELSE 0 END,
+                started_at = CASE WHEN plan.go THEN now() ELSE jobs.started_at END,
+                lock_fence = CASE WHEN plan.go THEN plan.fence ELSE jobs.lock_fence END,
+                on_stale = CASE WHEN plan.go THEN plan.on_stale ELSE jobs.on_stale END,
+                backoff_ms = CASE WHEN plan.go THEN plan.backoff_ms ELSE jobs.backoff_ms END
+            FROM plan WHERE jobs.id = plan.id
+            RETURNING jobs.*
+        ), logged AS (
+            INSERT INTO job_events (job_id, from_state, to_state, actor, detail)
+            SELECT c.id, e.from_state, e.to_state, p_worker, e.detail
+            FROM claimed c CROSS JOIN LATERAL (VALUES
+                (1, 'queued', 'leased', ''),
+                (2, 'leased', 'running',
+                 'attempt ' || c.attempt || coalesce(', fence ' || c.lock_fence, ''))
+            ) AS e(n, from_state, to_state, detail)
+            WHERE e.n = 1 OR c.state = 'running'
+            ORDER BY c.id, e.n
+        )
+        SELECT * FROM claimed ORDER BY priority DESC, due_at, id;
+    END IF;
+END $$;
