@@ -4,8 +4,9 @@
 //! workers with `NOTIFY jobdeck_jobs` / `NOTIFY jobdeck_cancel`.
 //!
 //! Submodules: `rows` (decoding and shared helpers), `worker` (the fenced
-//! writes of a worker), `operator` (cancel, requeue, extend, release, reaper),
-//! `reads` (console and CLI queries), `schedules`.
+//! writes of a worker), `batch` (group commits and the engine's cycle),
+//! `engine_conn` (the cycle's own connection), `operator` (cancel, requeue,
+//! extend, release, reaper), `reads` (console and CLI queries), `schedules`.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
