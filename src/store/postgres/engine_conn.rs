@@ -2,9 +2,9 @@
 //! connection on its way back (a Sync round trip), and while that ping is
 //! out the next acquire takes another idle connection: the cycles of one
 //! node rotated over four backends, each woken twice per cycle, and the
-//! server spent about 1.6× the CPU per job of a loop on one backend. One
-//! connection behind a mutex keeps the cycle on one warm backend and one
-//! round trip.
+//! server spent 1.3–1.5× the CPU per job it spends with the cycle on one
+//! backend. One connection behind a mutex keeps the cycle on one warm
+//! backend and one round trip.
 
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::{Mutex, MutexGuard};
