@@ -47,7 +47,8 @@ impl PgStore {
     /// Finish, claim and start in one transaction: the claim sees the
     /// slots and locks the finishes just freed. The claimed rows stay
     /// locked by this transaction until it commits, so their starts need
-    /// no further row locks.
+    /// no further row locks. Runs on the engine's own connection
+    /// (`engine_conn`), not a pooled one.
     pub(super) async fn cycle_jobs(
         &self,
         req: &CycleRequest,
@@ -88,7 +89,7 @@ async fn cycle_in_parts(
 }
 
 /// A cycle whose finishes are all successes (the common case) in one
-/// call of `jobdeck_cycle` (migration 0003): one round trip, and the
+/// call of `jobdeck_cycle` (migrations 0003, 0007): one round trip, and the
 /// statement's own commit. Failures need the full decision of
 /// `finish_in`, so a cycle with one goes statement by statement.
 async fn cycle_in_one_call(

@@ -265,7 +265,7 @@ pub(super) fn claim_window(limit: i64) -> i64 {
 }
 
 /// The claim (with its events), on the caller's connection or inside its
-/// transaction: the engine's cycle function (migration 0003) with nothing
+/// transaction: the engine's cycle function (migrations 0003, 0007) with nothing
 /// to finish and no start specs, so the jobs it takes stay leased. Its
 /// statement locks a bounded window of candidates from the claim index,
 /// skipping rows other claimers hold, and keeps the first job per target.
