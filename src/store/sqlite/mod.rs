@@ -88,6 +88,36 @@ async fn migrate(pool: &SqlitePool) -> Result<()> {
     }
 }
 
+/// Open a connection (or the pool's first), trying again while the file is
+/// busy. Processes opening a fresh file together all migrate it, retrying
+/// as `migrate` does, and opening sets the journal mode, which needs the
+/// file's lock: a process could find it taken past its busy timeout.
+async fn open_retrying<T, F>(url: &str, mut open: impl FnMut() -> F) -> Result<T>
+where
+    F: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
+    loop {
+        match open().await {
+            Ok(opened) => return Ok(opened),
+            Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(StoreError::Unreachable(format!("cannot open {url}: {e}"))),
+        }
+    }
+}
+
+/// SQLITE_BUSY, in any of its extended forms.
+fn is_busy(e: &sqlx::Error) -> bool {
+    let code = match e {
+        sqlx::Error::Database(db) => db.code(),
+        _ => None,
+    };
+    code.and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == 5)
+}
+
 impl SqliteStore {
     pub async fn connect(url: &str) -> Result<Self> {
         let opts = SqliteConnectOptions::from_str(url)
@@ -100,13 +130,14 @@ impl SqliteStore {
         // No ping before each use: it is a round trip through the
         // connection's thread, and a broken connection shows itself on its
         // first statement anyway (which every caller retries).
-        let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .test_before_acquire(false)
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(opts.clone())
-            .await
-            .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
+        let pool = open_retrying(url, || {
+            SqlitePoolOptions::new()
+                .max_connections(8)
+                .test_before_acquire(false)
+                .acquire_timeout(CONNECT_TIMEOUT)
+                .connect_with(opts.clone())
+        })
+        .await?;
         // The table is absent on a fresh database: no version applied.
         let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
             .fetch_one(&pool)
@@ -116,11 +147,8 @@ impl SqliteStore {
         super::migrate::check_version(&MIGRATOR, applied)?;
         migrate(&pool).await?;
         let write_lock = WriteLock::beside(opts.get_filename())?;
-        let writer = opts
-            .pragma("wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT)
-            .connect()
-            .await
-            .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))?;
+        let writer_opts = opts.pragma("wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT);
+        let writer = open_retrying(url, || writer_opts.connect()).await?;
         Ok(SqliteStore {
             write_lock,
             checkpoints: Checkpoints::new(pool.clone()),
