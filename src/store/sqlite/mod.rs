@@ -6,6 +6,7 @@
 //! which is the database's clock for a file every process opens locally.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,34 +77,38 @@ pub struct SqliteStore {
 /// loses fails on a table the other created. Each migration commits as a
 /// whole, so the loser retries and finds it applied.
 async fn migrate(pool: &SqlitePool) -> Result<()> {
-    let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
-    loop {
-        match MIGRATOR.run(pool).await {
-            Ok(()) => return Ok(()),
-            Err(_) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
+    Ok(until_connect_timeout(|| MIGRATOR.run(pool), |_| true).await?)
 }
 
 /// Open a connection (or the pool's first), trying again while the file is
-/// busy. Processes opening a fresh file together all migrate it, retrying
-/// as `migrate` does, and opening sets the journal mode, which needs the
-/// file's lock: a process could find it taken past its busy timeout.
-async fn open_retrying<T, F>(url: &str, mut open: impl FnMut() -> F) -> Result<T>
+/// busy: processes opening a fresh file together all migrate it, and
+/// opening sets the journal mode, which needs the file's lock; a process
+/// could find it taken past its busy timeout.
+async fn open_retrying<T, F>(url: &str, open: impl FnMut() -> F) -> Result<T>
 where
-    F: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+    F: Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    until_connect_timeout(open, is_busy)
+        .await
+        .map_err(|e| StoreError::Unreachable(format!("cannot open {url}: {e}")))
+}
+
+/// `attempt` again every 100 ms while it fails with an error `retry`
+/// accepts, for as long as a connection may take to open.
+async fn until_connect_timeout<T, E, F>(
+    mut attempt: impl FnMut() -> F,
+    retry: impl Fn(&E) -> bool,
+) -> std::result::Result<T, E>
+where
+    F: Future<Output = std::result::Result<T, E>>,
 {
     let deadline = tokio::time::Instant::now() + CONNECT_TIMEOUT;
     loop {
-        match open().await {
-            Ok(opened) => return Ok(opened),
-            Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+        match attempt().await {
+            Err(e) if retry(&e) && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            Err(e) => return Err(StoreError::Unreachable(format!("cannot open {url}: {e}"))),
+            done => return done,
         }
     }
 }
