@@ -4,15 +4,19 @@
 //! finish and the next claim share a commit: one commit per cycle instead
 //! of a claim, a start and a finish per batch.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::{self, JoinError, JoinSet};
 
 use super::batch::{write_alone, writer_stopped};
 use super::runtime::Ctx;
 use crate::job::State;
-use crate::store::{ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result};
+use crate::store::{
+    ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StoreError,
+};
 
 /// How long a cycle waits for the finishes of jobs that ran together.
 const WINDOW: Duration = Duration::from_millis(1);
@@ -52,8 +56,8 @@ impl FinishQueue {
 }
 
 /// Take the finishes waiting now and, when there are some, those that
-/// arrive within `WINDOW` while other jobs of this node may still end.
-pub async fn gather(ctx: &Ctx, rx: &mut FinishReceiver, finishes: &mut Vec<Finish>) {
+/// arrive within `WINDOW` while others of the `expected` may still come.
+pub async fn gather(rx: &mut FinishReceiver, finishes: &mut Vec<Finish>, expected: usize) {
     while let Ok(f) = rx.try_recv() {
         finishes.push(f);
     }
@@ -61,7 +65,7 @@ pub async fn gather(ctx: &Ctx, rx: &mut FinishReceiver, finishes: &mut Vec<Finis
         return;
     }
     let deadline = tokio::time::Instant::now() + WINDOW;
-    while finishes.len() < ctx.registry.len() {
+    while finishes.len() < expected {
         // A yield lets jobs that ended together hand in their finishes
         // before the timer is involved at all.
         tokio::task::yield_now().await;
@@ -126,6 +130,131 @@ pub async fn write(
                 ..CycleRequest::default()
             };
             Ok(ctx.store.cycle(&alone, &ctx.worker_id).await?.claimed)
+        }
+    }
+}
+
+/// A cycle's answer: the claimed jobs, and the claim's limit.
+#[derive(Debug)]
+pub struct Settled {
+    pub limit: usize,
+    pub claimed: Result<Vec<Claimed>>,
+}
+
+/// The cycles a node has sent and not yet heard back from, and the slots
+/// they account for. A cycle's finishes and its claim meet at its commit:
+/// until it is answered it holds the more of the two, the slots of the
+/// jobs it finishes or those its claim may fill. So the database never
+/// shows more jobs running on a node than it has slots.
+#[derive(Debug)]
+pub struct InFlight {
+    cycles: JoinSet<Settled>,
+    sent: HashMap<task::Id, (Vec<i64>, usize)>,
+    most: usize,
+    /// The jobs whose finishes cycles in flight write. Their tasks drop
+    /// them from the registry when answered, before the main loop hears
+    /// the cycle is over, so they are told apart by id, not counted.
+    finishing: HashSet<i64>,
+    holding: usize,
+}
+
+impl InFlight {
+    pub fn new(most: usize) -> Self {
+        InFlight {
+            cycles: JoinSet::new(),
+            sent: HashMap::new(),
+            most: most.max(1),
+            finishing: HashSet::new(),
+            holding: 0,
+        }
+    }
+
+    pub fn has_room(&self) -> bool {
+        self.cycles.len() < self.most
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cycles.is_empty()
+    }
+
+    /// The jobs this node runs whose finishes no cycle in flight writes:
+    /// those that may still hand one in.
+    pub fn running(&self, ctx: &Ctx) -> usize {
+        ctx.registry.count_except(&self.finishing)
+    }
+
+    /// Slots held by cycles in flight.
+    pub fn holding(&self) -> usize {
+        self.holding
+    }
+
+    /// The claim for a cycle sent now with `finishing` finishes: the slots
+    /// neither held by a running job nor by a cycle in flight, plus those
+    /// of the jobs it finishes. With room for several cycles, each claims
+    /// its share of the slots, so that the slots settle into groups that
+    /// cycle in turn. `None` when there is nothing to claim.
+    pub fn claim_request(&self, ctx: &Ctx, finishing: usize) -> Option<ClaimRequest> {
+        let slots = ctx.slots();
+        let running = self.running(ctx).saturating_sub(finishing);
+        let free = slots.saturating_sub(running + self.holding);
+        let limit = free.min(slots.div_ceil(self.most));
+        if limit == 0 || ctx.config.pipelines.is_empty() {
+            return None;
+        }
+        Some(ClaimRequest {
+            worker: ctx.worker_id.clone(),
+            pipelines: ctx.config.pipeline_names(),
+            limit,
+            lease: ctx.lease(),
+        })
+    }
+
+    /// Write `finishes` and `claim` in a cycle of its own task.
+    pub fn send(&mut self, ctx: &Arc<Ctx>, finishes: Vec<Finish>, claim: Option<ClaimRequest>) {
+        let ids: Vec<i64> = finishes.iter().map(|f| f.lease.id).collect();
+        let limit = claim.as_ref().map_or(0, |c| c.limit);
+        let ctx = ctx.clone();
+        let handle = self.cycles.spawn(async move {
+            let claimed = write(&ctx, finishes, claim).await;
+            Settled { limit, claimed }
+        });
+        self.finishing.extend(&ids);
+        self.holding += ids.len().max(limit);
+        self.sent.insert(handle.id(), (ids, limit));
+    }
+
+    /// The next cycle to answer; pending while none is in flight.
+    pub async fn settled(&mut self) -> Settled {
+        match self.cycles.join_next_with_id().await {
+            Some(joined) => self.account(joined),
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A cycle that has answered already, if any.
+    pub fn try_settled(&mut self) -> Option<Settled> {
+        let joined = self.cycles.try_join_next_with_id()?;
+        Some(self.account(joined))
+    }
+
+    fn account(&mut self, joined: std::result::Result<(task::Id, Settled), JoinError>) -> Settled {
+        let id = match &joined {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        let (ids, limit) = self.sent.remove(&id).unwrap_or_default();
+        for id in &ids {
+            self.finishing.remove(id);
+        }
+        self.holding -= ids.len().max(limit);
+        match joined {
+            Ok((_, settled)) => settled,
+            // Its finishes' answers were dropped with it: their jobs see
+            // the writer stopped, as they would had the loop itself died.
+            Err(e) => Settled {
+                limit,
+                claimed: Err(StoreError::Invalid(format!("cycle task: {e}"))),
+            },
         }
     }
 }

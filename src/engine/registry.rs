@@ -1,7 +1,7 @@
 //! The jobs this node holds, shared by the slots, the heartbeat and the
 //! notice listener.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -71,6 +71,11 @@ impl Registry {
 
     pub fn len(&self) -> usize {
         self.with(|m| m.len())
+    }
+
+    /// How many jobs this node holds, leaving out `ids`.
+    pub fn count_except(&self, ids: &HashSet<i64>) -> usize {
+        self.with(|m| m.keys().filter(|id| !ids.contains(id)).count())
     }
 
     pub fn set_running(&self, id: i64, slot: Option<SlotStatus>) {

@@ -12,12 +12,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::Batcher;
-use super::cycle::{self, FinishQueue, FinishReceiver};
+use super::cycle::{self, FinishQueue, FinishReceiver, InFlight, Settled};
 use super::registry::{JobSignal, Registry};
 use super::retry::Backoff;
 use super::{Control, EngineOptions, EngineStatus, heartbeat, job_run, notices, reaper, scheduler};
 use crate::config::Config;
-use crate::store::{ClaimRequest, LeaseRef, StartOutcome, StartSpec, Store, WorkerBeat};
+use crate::store::{LeaseRef, StartOutcome, StartSpec, Store, WorkerBeat};
 
 /// What every part of a running engine shares.
 #[derive(Debug)]
@@ -88,6 +88,10 @@ impl Ctx {
     /// What each pipeline's jobs get stamped with when they start, by name.
     pub fn start_specs(&self) -> Vec<(String, StartSpec)> {
         self.specs.clone()
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots.load(Ordering::Relaxed)
     }
 
     pub fn lease(&self) -> Duration {
@@ -163,53 +167,44 @@ pub async fn run(
     let mut drain_deadline: Option<tokio::time::Instant> = None;
     let mut shutdown_sent = false;
     let mut finishes = Vec::new();
+    let mut flight = InFlight::new(ctx.store.cycles_in_flight());
+    let mut answered: Option<Settled> = None;
     // A claim runs with every cycle that writes finishes, and otherwise
     // only when there may be new work: at start, on a wake-up (new job,
     // freed slot), at each poll, and while claims come back full.
     let mut claim_due = true;
     loop {
         while jobs.try_join_next().is_some() {}
-        cycle::gather(&ctx, &mut finish_rx, &mut finishes).await;
+        while let Some(settled) = answered.take().or_else(|| flight.try_settled()) {
+            let signals = Drained {
+                drain: drain_deadline.is_some(),
+                shutdown: shutdown_sent,
+            };
+            claim_due |= settle(&ctx, settled, &mut jobs, &mut backoff, signals).await;
+        }
         let claiming = !ctx.paused.load(Ordering::Relaxed) && drain_deadline.is_none();
-        let mut batch_full = false;
-        let claim = if claiming && (claim_due || !finishes.is_empty()) {
-            claim_request(&ctx, finishes.len())
-        } else {
-            None
-        };
-        if claim.is_some() || !finishes.is_empty() {
-            let limit = claim.as_ref().map_or(0, |c| c.limit);
-            match cycle::write(&ctx, std::mem::take(&mut finishes), claim).await {
-                Ok(claimed) => {
-                    ctx.database_error(None);
-                    batch_full = limit > 0 && claimed.len() == limit;
-                    backoff.reset();
-                    for c in claimed {
-                        let Some(lease) = c.job.lease_ref() else {
-                            continue;
-                        };
-                        let signals = ctx.registry.add(lease);
-                        jobs.spawn(job_run::run(ctx.clone(), c.job, c.started, signals));
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!("claim: {e}; retrying");
-                    ctx.database_error(Some(e.to_string()));
-                    backoff.wait().await;
-                    continue;
-                }
+        if flight.has_room() {
+            cycle::gather(&mut finish_rx, &mut finishes, flight.running(&ctx)).await;
+            let claim = if claiming && (claim_due || !finishes.is_empty()) {
+                flight.claim_request(&ctx, finishes.len())
+            } else {
+                None
+            };
+            // A claim sent answers the due one; with no slot free and none
+            // held by a cycle in flight, the jobs' finishes will claim. A
+            // cycle in flight may free slots without filling them: then
+            // the claim stays due.
+            if claiming && (claim.is_some() || flight.holding() == 0) {
+                claim_due = false;
+            }
+            if claim.is_some() || !finishes.is_empty() {
+                flight.send(&ctx, std::mem::take(&mut finishes), claim);
             }
         }
-        claim_due = batch_full;
         ctx.publish();
-        if drain_deadline.is_some() && jobs.is_empty() {
+        if drain_deadline.is_some() && jobs.is_empty() && flight.is_empty() {
             break;
         }
-        let poll = if batch_full {
-            Duration::ZERO
-        } else {
-            ctx.config.workers.poll
-        };
         tokio::select! {
             c = control.recv() => {
                 claim_due = true;
@@ -235,12 +230,13 @@ pub async fn run(
                 }
             }
             Some(f) = finish_rx.recv() => finishes.push(f),
+            settled = flight.settled() => answered = Some(settled),
             // Only a drain waits for the tasks themselves: a task whose job
             // ends frees its slot through the cycle or `wake`, and waking
             // this loop for every task's exit besides cost a pass per job.
             Some(_) = jobs.join_next(), if drain_deadline.is_some() && !jobs.is_empty() => {}
             _ = ctx.wake.notified(), if claiming => claim_due = true,
-            _ = tokio::time::sleep(poll), if claiming => claim_due = true,
+            _ = tokio::time::sleep(ctx.config.workers.poll), if claiming => claim_due = true,
             _ = sleep_until(drain_deadline), if drain_deadline.is_some() && !shutdown_sent => {
                 tracing::info!("drain grace over: stopping running jobs");
                 ctx.registry.signal_all(JobSignal::Shutdown);
@@ -275,19 +271,50 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// The claim for this cycle: the free slots, counting those of the jobs
-/// whose finishes the cycle writes. `None` when there is nothing to claim.
-fn claim_request(ctx: &Ctx, finishing: usize) -> Option<ClaimRequest> {
-    let slots = ctx.slots.load(Ordering::Relaxed);
-    let held = ctx.registry.len().saturating_sub(finishing);
-    let free = slots.saturating_sub(held);
-    if free == 0 || ctx.config.pipelines.is_empty() {
-        return None;
+/// Signals a job claimed by a cycle still in flight when the node began
+/// to drain or stop has missed.
+#[derive(Debug, Clone, Copy)]
+struct Drained {
+    drain: bool,
+    shutdown: bool,
+}
+
+/// Take a cycle's answer: run the jobs it claimed. True when its claim
+/// came back full (more may wait) or failed (to be retried).
+async fn settle(
+    ctx: &Arc<Ctx>,
+    settled: Settled,
+    jobs: &mut JoinSet<()>,
+    backoff: &mut Backoff,
+    missed: Drained,
+) -> bool {
+    match settled.claimed {
+        Ok(claimed) => {
+            ctx.database_error(None);
+            backoff.reset();
+            let full = settled.limit > 0 && claimed.len() == settled.limit;
+            for c in claimed {
+                let Some(lease) = c.job.lease_ref() else {
+                    continue;
+                };
+                let signals = ctx.registry.add(lease);
+                for (missed, signal) in [
+                    (missed.drain, JobSignal::Drain),
+                    (missed.shutdown, JobSignal::Shutdown),
+                ] {
+                    if missed {
+                        ctx.registry.signal(lease.id, signal);
+                    }
+                }
+                jobs.spawn(job_run::run(ctx.clone(), c.job, c.started, signals));
+            }
+            full
+        }
+        Err(e) => {
+            tracing::warn!("claim: {e}; retrying");
+            ctx.database_error(Some(e.to_string()));
+            backoff.wait().await;
+            true
+        }
     }
-    Some(ClaimRequest {
-        worker: ctx.worker_id.clone(),
-        pipelines: ctx.config.pipeline_names(),
-        limit: free,
-        lease: ctx.lease(),
-    })
 }

@@ -17,6 +17,7 @@ mod crash;
 mod fencing;
 mod scheduler;
 mod shutdown;
+mod slots;
 mod sqlite_load;
 mod steps;
 mod wakeups;

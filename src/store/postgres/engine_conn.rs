@@ -1,40 +1,47 @@
-//! The engine's own connection for its cycle. sqlx's pool pings every
+//! The engine's own connections for its cycles. sqlx's pool pings every
 //! connection on its way back (a Sync round trip), and while that ping is
 //! out the next acquire takes another idle connection: the cycles of one
 //! node rotated over four backends, each woken twice per cycle, and the
 //! server spent 1.3–1.5× the CPU per job it spends with the cycle on one
-//! backend. One connection behind a mutex keeps the cycle on one warm
-//! backend and one round trip.
+//! backend. Idle connections kept here, one per cycle in flight, keep each
+//! cycle on a warm backend and one round trip.
+
+use std::sync::Mutex;
 
 use sqlx::{Connection, PgConnection, PgPool};
-use tokio::sync::{Mutex, MutexGuard};
 
 use crate::store::{Result, StoreError};
 
-/// A connection opened on first use with the pool's options (so a test
+/// Connections opened on first use with the pool's options (so a test
 /// schema's search_path carries over), and opened again after a failure
-/// that may have broken it.
+/// that may have broken one.
 #[derive(Debug, Default)]
 pub(super) struct EngineConn {
-    slot: Mutex<Option<PgConnection>>,
+    idle: Mutex<Vec<PgConnection>>,
 }
 
-/// The connection, out of its slot while in use: a caller that is dropped
-/// mid-query (its future cancelled) drops the connection with it, so a
-/// half-sent or half-read exchange is never reused.
+/// A connection, out of the idle list while in use: a caller that is
+/// dropped mid-query (its future cancelled) drops the connection with it,
+/// so a half-sent or half-read exchange is never reused.
 pub(super) struct HeldConn<'a> {
-    slot: MutexGuard<'a, Option<PgConnection>>,
+    home: &'a EngineConn,
     conn: PgConnection,
 }
 
 impl EngineConn {
     pub(super) async fn hold(&self, pool: &PgPool) -> Result<HeldConn<'_>> {
-        let mut slot = self.slot.lock().await;
-        let conn = match slot.take() {
+        let idle = self.lock().pop();
+        let conn = match idle {
             Some(conn) => conn,
             None => PgConnection::connect_with(&pool.connect_options()).await?,
         };
-        Ok(HeldConn { slot, conn })
+        Ok(HeldConn { home: self, conn })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<PgConnection>> {
+        // Each update is one push or pop: a panic elsewhere cannot leave
+        // the list half-changed.
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -45,9 +52,9 @@ impl HeldConn<'_> {
 
     /// Put the connection back for the next cycle, unless the outcome says
     /// it may be broken (the server's own errors leave it usable).
-    pub(super) fn release<T>(mut self, outcome: &Result<T>) {
+    pub(super) fn release<T>(self, outcome: &Result<T>) {
         if !matches!(outcome, Err(StoreError::Unreachable(_))) {
-            *self.slot = Some(self.conn);
+            self.home.lock().push(self.conn);
         }
     }
 }

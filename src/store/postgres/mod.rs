@@ -247,6 +247,12 @@ impl Backend for PgStore {
         self.cycle_jobs(req, worker).await
     }
 
+    /// Two: while one cycle waits on its commit, the other's statements
+    /// run on a second backend (the server's work is most of a cycle).
+    fn cycles_in_flight(&self) -> usize {
+        2
+    }
+
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {
         self.cancel_job(id, actor).await
     }
