@@ -190,6 +190,17 @@ contract_test!(cycle_finishes_then_claims_and_starts, |store| async move {
             ),
         ]
     );
+    // The cycle's moves are counted once each, whoever counts them.
+    let counts = store.count_by_state().await.unwrap();
+    let nonzero: Vec<(State, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+    assert_eq!(
+        nonzero,
+        vec![
+            (State::Leased, 1),
+            (State::Running, 3),
+            (State::Succeeded, 1)
+        ]
+    );
 });
 
 contract_test!(cycle_without_claim_only_finishes, |store| async move {
