@@ -2,7 +2,9 @@
 //! claim (and start) of the jobs that take their slots, written in one
 //! transaction. A slot is free again once its job's step is over, so the
 //! finish and the next claim share a commit: one commit per cycle instead
-//! of a claim, a start and a finish per batch.
+//! of a claim, a start and a finish per batch. Where the database runs
+//! them side by side, more than one cycle is in flight ([`InFlight`]):
+//! while one waits on the server, the engine sends the next.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -47,7 +47,7 @@ impl PgStore {
     /// Finish, claim and start in one transaction: the claim sees the
     /// slots and locks the finishes just freed. The claimed rows stay
     /// locked by this transaction until it commits, so their starts need
-    /// no further row locks. Runs on the engine's own connection
+    /// no further row locks. Runs on one of the engine's own connections
     /// (`engine_conn`), not a pooled one.
     pub(super) async fn cycle_jobs(
         &self,

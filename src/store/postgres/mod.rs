@@ -5,7 +5,7 @@
 //!
 //! Submodules: `rows` (decoding and shared helpers), `worker` (the fenced
 //! writes of a worker), `batch` (group commits and the engine's cycle),
-//! `engine_conn` (the cycle's own connection), `operator` (cancel, requeue,
+//! `engine_conn` (the cycles' own connections), `operator` (cancel, requeue,
 //! extend, release, reaper), `reads` (console and CLI queries), `schedules`.
 
 use std::collections::BTreeMap;
