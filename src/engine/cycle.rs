@@ -6,7 +6,7 @@
 //! them side by side, more than one cycle is in flight ([`InFlight`]):
 //! while one waits on the server, the engine sends the next.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -143,21 +143,29 @@ pub struct Settled {
     pub claimed: Result<Vec<Claimed>>,
 }
 
+/// A cycle in flight: the jobs whose finishes it writes and its claim's
+/// limit. Its finishes and its claim meet at its commit, so until it is
+/// answered it holds the more of the two.
+#[derive(Debug)]
+struct Sent {
+    finishing: Vec<i64>,
+    limit: usize,
+}
+
+impl Sent {
+    fn holds(&self) -> usize {
+        self.finishing.len().max(self.limit)
+    }
+}
+
 /// The cycles a node has sent and not yet heard back from, and the slots
-/// they account for. A cycle's finishes and its claim meet at its commit:
-/// until it is answered it holds the more of the two, the slots of the
-/// jobs it finishes or those its claim may fill. So the database never
-/// shows more jobs running on a node than it has slots.
+/// they hold, so that the database never shows more jobs running on a
+/// node than it has slots.
 #[derive(Debug)]
 pub struct InFlight {
-    cycles: JoinSet<Settled>,
-    sent: HashMap<task::Id, (Vec<i64>, usize)>,
+    cycles: JoinSet<Result<Vec<Claimed>>>,
+    sent: HashMap<task::Id, Sent>,
     most: usize,
-    /// The jobs whose finishes cycles in flight write. Their tasks drop
-    /// them from the registry when answered, before the main loop hears
-    /// the cycle is over, so they are told apart by id, not counted.
-    finishing: HashSet<i64>,
-    holding: usize,
 }
 
 impl InFlight {
@@ -166,8 +174,6 @@ impl InFlight {
             cycles: JoinSet::new(),
             sent: HashMap::new(),
             most: most.max(1),
-            finishing: HashSet::new(),
-            holding: 0,
         }
     }
 
@@ -180,14 +186,17 @@ impl InFlight {
     }
 
     /// The jobs this node runs whose finishes no cycle in flight writes:
-    /// those that may still hand one in.
+    /// those that may still hand one in. A cycle's task drops its jobs
+    /// from the registry when answered, before the main loop hears the
+    /// cycle is over, so they are told apart by id, not counted.
     pub fn running(&self, ctx: &Ctx) -> usize {
-        ctx.registry.count_except(&self.finishing)
+        ctx.registry
+            .count_unless(|id| self.sent.values().any(|c| c.finishing.contains(&id)))
     }
 
     /// Slots held by cycles in flight.
     pub fn holding(&self) -> usize {
-        self.holding
+        self.sent.values().map(Sent::holds).sum()
     }
 
     /// The claim for a cycle sent now with `finishing` finishes: the slots
@@ -198,7 +207,7 @@ impl InFlight {
     pub fn claim_request(&self, ctx: &Ctx, finishing: usize) -> Option<ClaimRequest> {
         let slots = ctx.slots();
         let running = self.running(ctx).saturating_sub(finishing);
-        let free = slots.saturating_sub(running + self.holding);
+        let free = slots.saturating_sub(running + self.holding());
         let limit = free.min(slots.div_ceil(self.most));
         if limit == 0 || ctx.config.pipelines.is_empty() {
             return None;
@@ -213,16 +222,15 @@ impl InFlight {
 
     /// Write `finishes` and `claim` in a cycle of its own task.
     pub fn send(&mut self, ctx: &Arc<Ctx>, finishes: Vec<Finish>, claim: Option<ClaimRequest>) {
-        let ids: Vec<i64> = finishes.iter().map(|f| f.lease.id).collect();
-        let limit = claim.as_ref().map_or(0, |c| c.limit);
+        let sent = Sent {
+            finishing: finishes.iter().map(|f| f.lease.id).collect(),
+            limit: claim.as_ref().map_or(0, |c| c.limit),
+        };
         let ctx = ctx.clone();
-        let handle = self.cycles.spawn(async move {
-            let claimed = write(&ctx, finishes, claim).await;
-            Settled { limit, claimed }
-        });
-        self.finishing.extend(&ids);
-        self.holding += ids.len().max(limit);
-        self.sent.insert(handle.id(), (ids, limit));
+        let handle = self
+            .cycles
+            .spawn(async move { write(&ctx, finishes, claim).await });
+        self.sent.insert(handle.id(), sent);
     }
 
     /// The next cycle to answer; pending while none is in flight.
@@ -239,25 +247,18 @@ impl InFlight {
         Some(self.account(joined))
     }
 
-    fn account(&mut self, joined: std::result::Result<(task::Id, Settled), JoinError>) -> Settled {
-        let id = match &joined {
-            Ok((id, _)) => *id,
-            Err(e) => e.id(),
-        };
-        let (ids, limit) = self.sent.remove(&id).unwrap_or_default();
-        for id in &ids {
-            self.finishing.remove(id);
-        }
-        self.holding -= ids.len().max(limit);
-        match joined {
-            Ok((_, settled)) => settled,
+    fn account(
+        &mut self,
+        joined: std::result::Result<(task::Id, Result<Vec<Claimed>>), JoinError>,
+    ) -> Settled {
+        let (id, claimed) = match joined {
+            Ok((id, claimed)) => (id, claimed),
             // Its finishes' answers were dropped with it: their jobs see
             // the writer stopped, as they would had the loop itself died.
-            Err(e) => Settled {
-                limit,
-                claimed: Err(StoreError::Invalid(format!("cycle task: {e}"))),
-            },
-        }
+            Err(e) => (e.id(), Err(StoreError::Invalid(format!("cycle task: {e}")))),
+        };
+        let limit = self.sent.remove(&id).map_or(0, |c| c.limit);
+        Settled { limit, claimed }
     }
 }
 

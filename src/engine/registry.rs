@@ -1,7 +1,7 @@
 //! The jobs this node holds, shared by the slots, the heartbeat and the
 //! notice listener.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -73,9 +73,9 @@ impl Registry {
         self.with(|m| m.len())
     }
 
-    /// How many jobs this node holds, leaving out `ids`.
-    pub fn count_except(&self, ids: &HashSet<i64>) -> usize {
-        self.with(|m| m.keys().filter(|id| !ids.contains(id)).count())
+    /// How many jobs this node holds, leaving out those `skip` names.
+    pub fn count_unless(&self, skip: impl Fn(i64) -> bool) -> usize {
+        self.with(|m| m.keys().filter(|id| !skip(**id)).count())
     }
 
     pub fn set_running(&self, id: i64, slot: Option<SlotStatus>) {

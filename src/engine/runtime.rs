@@ -298,13 +298,11 @@ async fn settle(
                     continue;
                 };
                 let signals = ctx.registry.add(lease);
-                for (missed, signal) in [
-                    (missed.drain, JobSignal::Drain),
-                    (missed.shutdown, JobSignal::Shutdown),
-                ] {
-                    if missed {
-                        ctx.registry.signal(lease.id, signal);
-                    }
+                if missed.drain {
+                    ctx.registry.signal(lease.id, JobSignal::Drain);
+                }
+                if missed.shutdown {
+                    ctx.registry.signal(lease.id, JobSignal::Shutdown);
                 }
                 jobs.spawn(job_run::run(ctx.clone(), c.job, c.started, signals));
             }
