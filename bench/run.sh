@@ -178,6 +178,43 @@ pgbench_row() { # row clients
   done
 }
 
+# floor_row ROW CLIENTS BATCH: bench/floor.sql through pgbench on a fresh
+# database with jobdeck's schema and JOBS queued no-op jobs, each client
+# claiming up to BATCH per transaction (one transaction more than the claims
+# need, to finish the last batch). process/s = jobs finished / elapsed:
+# clients that skip each other's rows may leave a few jobs unfinished.
+floor_row() {
+  local row="$1" c="$2" batch="$3" i
+  wanted "$row" || return 0
+  [ -n "$JOBDECK" ] || setup_jobdeck || return 0
+  local script="$CACHE/floor-$batch.sql" db=bench_floor
+  sed "s/LIMIT BATCH/LIMIT $batch/" "$BENCH/floor.sql" > "$script"
+  local tx=$((JOBS / (c * batch) + 1))
+  for ((i = 1; i <= RUNS; i++)); do
+    say "$row: run $i/$RUNS"
+    fresh_db "$db" || { fail "$row" "createdb failed"; return; }
+    if ! "$JOBDECK" --db "$PG_BASE/$db" migrate >> "$LOG" 2>&1 ||
+      ! psql -q -v ON_ERROR_STOP=1 -d "$db" >> "$LOG" 2>&1 <<SQL; then
+ALTER TABLE jobs DISABLE TRIGGER USER;
+INSERT INTO jobs (pipeline, state, due_at) SELECT 'noop', 'queued', now() FROM generate_series(1, $JOBS);
+VACUUM ANALYZE jobs;
+SQL
+      fail "$row" "schema or jobs setup failed (see $LOG)"; return
+    fi
+    settle
+    local out tps finished
+    out="$(pgbench -n -M prepared -c "$c" -j "$c" -t "$tx" -f "$script" "$db" 2>> "$LOG")"
+    finished="$(psql -Atq -d "$db" -c "SELECT count(*) FROM jobs WHERE state = 'succeeded'" 2>> "$LOG")"
+    dropdb --if-exists "$db" >> "$LOG" 2>&1
+    tps="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$out")"
+    if [ -z "$tps" ] || [ "${finished:-0}" -eq 0 ]; then
+      fail "$row" "pgbench printed no tps or finished no job (see $LOG)"; return
+    fi
+    printf '{"row":"%s","run":%d,"result":{"backend":"floor","slots":%d,"process_per_s":%s}}\n' \
+      "$row" "$i" "$((c * batch))" "$(python3 -c "print(round($tps * $finished / ($c * $tx), 1))")" >> "$RAW"
+  done
+}
+
 {
   echo "nproc=$(nproc) load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$RESULTS/machine.txt"
@@ -197,6 +234,8 @@ if { wanted jobdeck-postgres || wanted jobdeck-sqlite; } && setup_jobdeck; then
   measure jobdeck-sqlite "" "${JD[@]}"
   measure jobdeck-sqlite-t100 "" "${JD[@]}" --targets 100
 fi
+floor_row floor-1x8 1 "$CONC"
+floor_row floor-2x4 2 "$((CONC / 2))"
 
 PEER=(--jobs "$JOBS" --concurrency "$CONC" --latency-jobs "$LAT_JOBS")
 if wanted pgqueuer; then

@@ -21,6 +21,8 @@ ROWS = [
     ("river-postgres", "riverqueue 0.5, Postgres (cooldown 1 ms)", "jobdeck-postgres"),
     ("pgbench-c8", "pgbench 1-row UPDATE, 8 clients", "jobdeck-postgres"),
     ("pgbench-c1", "pgbench 1-row UPDATE, 1 client", "jobdeck-postgres"),
+    ("floor-1x8", "floor: bench/floor.sql, 1 client x 8 jobs", "jobdeck-postgres"),
+    ("floor-2x4", "floor: bench/floor.sql, 2 clients x 4 jobs", "jobdeck-postgres"),
     ("jobdeck-sqlite", "jobdeck, SQLite", "jobdeck-sqlite"),
     ("jobdeck-sqlite-t100", "jobdeck, SQLite, 100 targets", "jobdeck-sqlite"),
     ("apalis-sqlite", "apalis 1.0, SQLite", "jobdeck-sqlite"),
@@ -121,6 +123,7 @@ def main():
         "jobdeck ÷ = jobdeck's process/s (same backend, no targets) divided by the row's;",
         "'x own' = a jobdeck variant's process/s as a fraction of its no-target figure.",
         "pgbench rows: process/s = transactions/s; ~p50 = pgbench's average latency per transaction.",
+        "floor rows: the contract's row writes per no-op job, no engine (see bench/floor.sql); process/s = jobs/s.",
     ]
     table = "\n".join(lines + [""] + notes)
     print(table)
