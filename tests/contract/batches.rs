@@ -224,6 +224,33 @@ contract_test!(cycle_without_claim_only_finishes, |store| async move {
     assert_eq!(store.get_job(queued).await.unwrap().state, State::Queued);
 });
 
+// Successes with nothing to claim: the one-call path counts them without
+// the claim's statement.
+contract_test!(
+    cycle_of_successes_without_claim_counts_them,
+    |store| async move {
+        let sp = spec(LONG, StalePolicy::Hold);
+        let (a, _) = running_job(&store, "w-1", "p", None, sp).await;
+        let (b, _) = running_job(&store, "w-1", "p", Some("t"), sp).await;
+        enqueue(&store, "p", None).await;
+        let req = CycleRequest {
+            finishes: vec![(a, Outcome::Succeeded), (b, Outcome::Succeeded)],
+            claim: None,
+            specs: vec![("p".into(), sp)],
+        };
+        let out = store.cycle(&req, "w-1").await.unwrap();
+        assert!(
+            out.finished
+                .iter()
+                .all(|f| f.as_ref().ok() == Some(&State::Succeeded))
+        );
+        assert!(out.claimed.is_empty());
+        let counts = store.count_by_state().await.unwrap();
+        let nonzero: Vec<(State, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+        assert_eq!(nonzero, vec![(State::Queued, 1), (State::Succeeded, 2)]);
+    }
+);
+
 // A cycle with a failure takes the statement-by-statement path (the full
 // decision of each failed job); its claim and starts answer as the
 // one-call path does.
