@@ -2,7 +2,7 @@
 //! would get alone, and a lost lease in the batch spoils nothing else.
 
 use jobdeck::job::{StalePolicy, State};
-use jobdeck::store::{CycleRequest, LeaseRef, Outcome, StartOutcome, StoreError};
+use jobdeck::store::{CycleRequest, LeaseRef, NewJob, Outcome, StartOutcome, StoreError};
 
 use crate::common::*;
 
@@ -202,6 +202,83 @@ contract_test!(cycle_finishes_then_claims_and_starts, |store| async move {
         ]
     );
 });
+
+// A queue without targets (on Postgres, the claim's leaner statement):
+// jobs are taken in claim order (priority, then due time, then id), those
+// whose pipeline has a spec start with it, the others stay leased, and
+// every move is logged and counted.
+contract_test!(
+    cycle_without_targets_claims_in_order_and_starts,
+    |store| async move {
+        let sp = spec(LONG, StalePolicy::Release);
+        let (done, _) = running_job(&store, "w-1", "p", None, sp).await;
+        let low = enqueue(&store, "p", None).await;
+        let unstarted = enqueue(&store, "q", None).await;
+        let left = enqueue(&store, "p", None).await;
+        let high = store
+            .enqueue(
+                NewJob {
+                    priority: 5,
+                    ..new_job("p", None)
+                },
+                OPERATOR,
+            )
+            .await
+            .unwrap()
+            .id;
+        let req = CycleRequest {
+            finishes: vec![(done, Outcome::Succeeded)],
+            claim: Some(claim_req("w-1", &["p", "q"], 3, LONG)),
+            specs: vec![("p".into(), sp)],
+        };
+        let out = store.cycle(&req, "w-1").await.unwrap();
+        assert_eq!(out.finished[0].as_ref().unwrap(), &State::Succeeded);
+        let mut claimed: Vec<_> = out.claimed.iter().map(|c| (c.job.id, c.started)).collect();
+        claimed.sort();
+        let mut want = vec![
+            (low, Some((1, None))),
+            (unstarted, None),
+            (high, Some((1, None))),
+        ];
+        want.sort();
+        assert_eq!(claimed, want, "the highest priority first, then by id");
+        assert_eq!(store.get_job(left).await.unwrap().state, State::Queued);
+        let job = store.get_job(high).await.unwrap();
+        assert_eq!(
+            (job.state, job.attempt, job.lock_fence, job.on_stale),
+            (State::Running, 1, None, StalePolicy::Release)
+        );
+        assert_eq!(job.lease_owner.as_deref(), Some("w-1"));
+        assert!(job.started_at.is_some() && job.lease_expires_at.is_some());
+        let job = store.get_job(unstarted).await.unwrap();
+        assert_eq!((job.state, job.attempt), (State::Leased, 0));
+        let moves: Vec<_> = store
+            .job_events(low)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| (e.from, e.to, e.detail.clone()))
+            .collect();
+        assert_eq!(
+            &moves[moves.len() - 2..],
+            &[
+                (Some(State::Queued), State::Leased, String::new()),
+                (Some(State::Leased), State::Running, "attempt 1".to_string()),
+            ]
+        );
+        let counts = store.count_by_state().await.unwrap();
+        let nonzero: Vec<(State, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+        assert_eq!(
+            nonzero,
+            vec![
+                (State::Queued, 1),
+                (State::Leased, 1),
+                (State::Running, 2),
+                (State::Succeeded, 1)
+            ]
+        );
+    }
+);
 
 contract_test!(cycle_without_claim_only_finishes, |store| async move {
     let sp = spec(LONG, StalePolicy::Hold);
