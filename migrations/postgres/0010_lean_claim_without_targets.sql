@@ -11,6 +11,15 @@
 -- is the claim as it was. In pgbench calling the function as the engine
 -- does (one client, 8 jobs per cycle, 8 alternating runs of 20,000 jobs)
 -- cycles ran 1.20x as fast (median; every pair 1.06x to 1.28x).
+--
+-- Whether a queued job has a target is asked of jobs_target_active, which
+-- now leads with the state: led by the target, the question read every
+-- active targeted job (20,000 running ones: 0.59 ms per cycle, against
+-- 0.01 ms). Every other question put to it names a state and a target.
+
+DROP INDEX jobs_target_active;
+CREATE INDEX jobs_target_active ON jobs (state, target)
+    WHERE target IS NOT NULL AND state IN ('queued','leased','running','stale');
 
 CREATE OR REPLACE FUNCTION jobdeck_cycle(
     p_done_ids        BIGINT[],
@@ -86,7 +95,7 @@ BEGIN
     END IF;
 
     IF p_limit > 0 AND cardinality(p_pipelines) > 0 THEN
-        IF EXISTS (SELECT 1 FROM jobs WHERE target IS NOT NULL AND state = 'queued') THEN
+        IF EXISTS (SELECT 1 FROM jobs WHERE state = 'queued' AND target IS NOT NULL) THEN
             -- A new statement: it sees the locks the successes just released.
             -- The candidate window and the target checks are the claim's of
             -- worker.rs (see there why the checks are OFFSET 0 probes).
