@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use jobdeck::job::StalePolicy;
+use jobdeck::job::{StalePolicy, State};
 use jobdeck::store::{ClaimRequest, LeaseRef, NewJob, StartOutcome, StartSpec, Store};
 
 /// Env var naming the Postgres server the contract tests run against.
@@ -176,6 +176,23 @@ pub async fn running_job(
         StartOutcome::Started { fence, .. } => (lease, fence),
         other => panic!("job {id} did not start: {other:?}"),
     }
+}
+
+/// A job's moves as (from, to, detail), oldest first.
+pub async fn moves(store: &Store, id: i64) -> Vec<(Option<State>, State, String)> {
+    store
+        .job_events(id)
+        .await
+        .expect("job events")
+        .into_iter()
+        .map(|e| (e.from, e.to, e.detail))
+        .collect()
+}
+
+/// The state counts that are not zero, in state order.
+pub async fn nonzero_counts(store: &Store) -> Vec<(State, i64)> {
+    let counts = store.count_by_state().await.expect("count by state");
+    counts.into_iter().filter(|(_, n)| *n != 0).collect()
 }
 
 pub const LONG: Duration = Duration::from_secs(60);

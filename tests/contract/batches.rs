@@ -172,13 +172,7 @@ contract_test!(cycle_finishes_then_claims_and_starts, |store| async move {
     let locks = store.list_locks().await.unwrap();
     assert_eq!(locks.len(), 1);
     assert_eq!(locks[0].job_id, same_target);
-    let moves: Vec<_> = store
-        .job_events(same_target)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| (e.from, e.to, e.detail.clone()))
-        .collect();
+    let moves = moves(&store, same_target).await;
     assert_eq!(
         &moves[moves.len() - 2..],
         &[
@@ -191,8 +185,7 @@ contract_test!(cycle_finishes_then_claims_and_starts, |store| async move {
         ]
     );
     // The cycle's moves are counted once each, whoever counts them.
-    let counts = store.count_by_state().await.unwrap();
-    let nonzero: Vec<(State, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+    let nonzero = nonzero_counts(&store).await;
     assert_eq!(
         nonzero,
         vec![
@@ -252,13 +245,7 @@ contract_test!(
         assert!(job.started_at.is_some() && job.lease_expires_at.is_some());
         let job = store.get_job(unstarted).await.unwrap();
         assert_eq!((job.state, job.attempt), (State::Leased, 0));
-        let moves: Vec<_> = store
-            .job_events(low)
-            .await
-            .unwrap()
-            .iter()
-            .map(|e| (e.from, e.to, e.detail.clone()))
-            .collect();
+        let moves = moves(&store, low).await;
         assert_eq!(
             &moves[moves.len() - 2..],
             &[
@@ -266,8 +253,7 @@ contract_test!(
                 (Some(State::Leased), State::Running, "attempt 1".to_string()),
             ]
         );
-        let counts = store.count_by_state().await.unwrap();
-        let nonzero: Vec<(State, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+        let nonzero = nonzero_counts(&store).await;
         assert_eq!(
             nonzero,
             vec![
@@ -322,8 +308,7 @@ contract_test!(
                 .all(|f| f.as_ref().ok() == Some(&State::Succeeded))
         );
         assert!(out.claimed.is_empty());
-        let counts = store.count_by_state().await.unwrap();
-        let nonzero: Vec<(State, i64)> = counts.into_iter().filter(|(_, n)| *n != 0).collect();
+        let nonzero = nonzero_counts(&store).await;
         assert_eq!(nonzero, vec![(State::Queued, 1), (State::Succeeded, 2)]);
     }
 );
