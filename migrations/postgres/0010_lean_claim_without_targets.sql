@@ -179,7 +179,11 @@ BEGIN
             -- check of a target's holders and no ranking per target, and a
             -- statement without them is about a third cheaper to start and
             -- run. `target IS NULL` keeps a targeted job enqueued since the
-            -- check for the next cycle, which takes its lock.
+            -- check for the next cycle, which takes its lock. The ids come
+            -- as an array (an InitPlan) so that the generic plan joins them
+            -- by key: joined as a subquery, they were planned on LIMIT's
+            -- generic estimate (a tenth of the table), a merge join over the
+            -- whole primary key.
             RETURN QUERY
             WITH claimed AS (
                 UPDATE jobs SET
