@@ -11,7 +11,7 @@ fn main() -> ExitCode {
         return ExitCode::from(jobdeck::engine::supervisor::main(args[2..].to_vec()) as u8);
     }
     let mut cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime_for(cli.command.as_ref()) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("jobdeck: cannot start the async runtime: {e}");
@@ -34,5 +34,19 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The console draws its frames while its engine runs, so it gets a thread
+/// per core. Every other command is the engine alone or a client, waiting
+/// on the database and on child processes: on one thread its tasks never
+/// wake each other across threads, which took about a tenth of the
+/// headless engine's CPU time per job in `jobdeck bench` (BENCHMARKS.md).
+fn runtime_for(command: Option<&Command>) -> std::io::Result<tokio::runtime::Runtime> {
+    match command {
+        None | Some(Command::Console(_) | Command::Demo(_)) => tokio::runtime::Runtime::new(),
+        Some(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
     }
 }
