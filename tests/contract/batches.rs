@@ -266,6 +266,86 @@ contract_test!(
     }
 );
 
+// Cycles without targets in a row: jobs are taken in claim order and
+// started with their own pipeline's spec, and the counts (on Postgres,
+// netted at the cycle's end) follow each cycle, whether it claims more
+// jobs than it finishes or as many.
+contract_test!(
+    cycle_without_targets_all_specced_starts_and_counts,
+    |store| async move {
+        let p = spec(LONG, StalePolicy::Release);
+        let q = spec(LONG, StalePolicy::Retry);
+        let (first, _) = running_job(&store, "w-1", "p", None, p).await;
+        let low = enqueue(&store, "p", None).await;
+        let last = enqueue(&store, "p", None).await;
+        let high = store
+            .enqueue(
+                NewJob {
+                    priority: 5,
+                    ..new_job("q", None)
+                },
+                OPERATOR,
+            )
+            .await
+            .unwrap()
+            .id;
+        let cycle = |done: LeaseRef, limit: usize| CycleRequest {
+            finishes: vec![(done, Outcome::Succeeded)],
+            claim: Some(claim_req("w-1", &["p", "q"], limit, LONG)),
+            specs: vec![("p".into(), p), ("q".into(), q)],
+        };
+
+        let out = store.cycle(&cycle(first, 2), "w-1").await.unwrap();
+        assert_eq!(out.finished[0].as_ref().unwrap(), &State::Succeeded);
+        let claimed: Vec<_> = out.claimed.iter().map(|c| (c.job.id, c.started)).collect();
+        assert_eq!(
+            claimed,
+            vec![(high, Some((1, None))), (low, Some((1, None)))]
+        );
+        let job = store.get_job(high).await.unwrap();
+        assert_eq!(
+            (
+                job.state,
+                job.attempt,
+                job.on_stale,
+                job.lease_owner.as_deref()
+            ),
+            (State::Running, 1, StalePolicy::Retry, Some("w-1"))
+        );
+        assert_eq!(
+            store.get_job(low).await.unwrap().on_stale,
+            StalePolicy::Release
+        );
+        assert_eq!(
+            nonzero_counts(&store).await,
+            vec![
+                (State::Queued, 1),
+                (State::Running, 2),
+                (State::Succeeded, 1)
+            ]
+        );
+        let moves = moves(&store, low).await;
+        assert_eq!(
+            &moves[moves.len() - 2..],
+            &[
+                (Some(State::Queued), State::Leased, String::new()),
+                (Some(State::Leased), State::Running, "attempt 1".to_string()),
+            ]
+        );
+
+        // One finished, one claimed: `running` does not move.
+        let high_lease = out.claimed[0].job.lease_ref().unwrap();
+        let out = store.cycle(&cycle(high_lease, 2), "w-1").await.unwrap();
+        assert_eq!(out.finished[0].as_ref().unwrap(), &State::Succeeded);
+        let claimed: Vec<_> = out.claimed.iter().map(|c| c.job.id).collect();
+        assert_eq!(claimed, vec![last]);
+        assert_eq!(
+            nonzero_counts(&store).await,
+            vec![(State::Running, 2), (State::Succeeded, 2)]
+        );
+    }
+);
+
 contract_test!(cycle_without_claim_only_finishes, |store| async move {
     let sp = spec(LONG, StalePolicy::Hold);
     let (a, _) = running_job(&store, "w-1", "p", None, sp).await;
