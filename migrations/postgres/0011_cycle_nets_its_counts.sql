@@ -46,7 +46,7 @@ SET jobdeck.cycle_counts = 'on'
 AS $$
 DECLARE
     v_done TID[];
-    -- Jobs the lean claim took and started (the full claim counts its own).
+    -- Either claim, read back to return its rows and count them by state.
     v_claim REFCURSOR;
     v_row jobs;
     v_started BIGINT := 0;
