@@ -142,11 +142,12 @@ pub fn spec(lease: Duration, on_stale: StalePolicy) -> StartSpec {
 
 /// Enqueue one job and return its id.
 pub async fn enqueue(store: &Store, pipeline: &str, target: Option<&str>) -> i64 {
-    store
-        .enqueue(new_job(pipeline, target), OPERATOR)
-        .await
-        .expect("enqueue")
-        .id
+    enqueue_job(store, new_job(pipeline, target)).await
+}
+
+/// Enqueue `job` as the operator; its id.
+pub async fn enqueue_job(store: &Store, job: NewJob) -> i64 {
+    store.enqueue(job, OPERATOR).await.expect("enqueue").id
 }
 
 /// Claim exactly the job `id` (the only due one of its pipeline) for `worker`.

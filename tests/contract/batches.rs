@@ -208,17 +208,14 @@ contract_test!(
         let low = enqueue(&store, "p", None).await;
         let unstarted = enqueue(&store, "q", None).await;
         let left = enqueue(&store, "p", None).await;
-        let high = store
-            .enqueue(
-                NewJob {
-                    priority: 5,
-                    ..new_job("p", None)
-                },
-                OPERATOR,
-            )
-            .await
-            .unwrap()
-            .id;
+        let high = enqueue_job(
+            &store,
+            NewJob {
+                priority: 5,
+                ..new_job("p", None)
+            },
+        )
+        .await;
         let req = CycleRequest {
             finishes: vec![(done, Outcome::Succeeded)],
             claim: Some(claim_req("w-1", &["p", "q"], 3, LONG)),
@@ -278,17 +275,14 @@ contract_test!(
         let (first, _) = running_job(&store, "w-1", "p", None, p).await;
         let low = enqueue(&store, "p", None).await;
         let last = enqueue(&store, "p", None).await;
-        let high = store
-            .enqueue(
-                NewJob {
-                    priority: 5,
-                    ..new_job("q", None)
-                },
-                OPERATOR,
-            )
-            .await
-            .unwrap()
-            .id;
+        let high = enqueue_job(
+            &store,
+            NewJob {
+                priority: 5,
+                ..new_job("q", None)
+            },
+        )
+        .await;
         let cycle = |done: LeaseRef, limit: usize| CycleRequest {
             finishes: vec![(done, Outcome::Succeeded)],
             claim: Some(claim_req("w-1", &["p", "q"], limit, LONG)),
