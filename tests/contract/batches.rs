@@ -2,7 +2,7 @@
 //! would get alone, and a lost lease in the batch spoils nothing else.
 
 use jobdeck::job::{StalePolicy, State};
-use jobdeck::store::{CycleRequest, LeaseRef, NewJob, Outcome, StartOutcome, StoreError};
+use jobdeck::store::{CycleRequest, LeaseRef, NewJob, Outcome, StartOutcome, Store, StoreError};
 
 use crate::common::*;
 
@@ -421,3 +421,114 @@ contract_test!(
         assert_eq!((job.state, job.lock_fence), (State::Running, Some(2)));
     }
 );
+
+// The history a cycle writes: each job's moves once, in order, by the
+// worker; a success running → succeeded, a claimed job queued → leased
+// and, when it started, leased → running. (Across jobs of one commit the
+// order is the backend's.)
+contract_test!(cycle_writes_each_jobs_moves_in_order, |store| async move {
+    let sp = spec(LONG, StalePolicy::Hold);
+    let (a, _) = running_job(&store, "w-1", "p", None, sp).await;
+    let (b, _) = running_job(&store, "w-1", "p", None, sp).await;
+    let low = enqueue(&store, "p", None).await;
+    let unstarted = enqueue(&store, "q", None).await;
+    let high = enqueue_job(
+        &store,
+        NewJob {
+            priority: 5,
+            ..new_job("p", None)
+        },
+    )
+    .await;
+    let jobs = [a.id, b.id, low, unstarted, high];
+    let history = |store: Store| async move {
+        let mut all = Vec::new();
+        for id in jobs {
+            all.extend(store.job_events(id).await.unwrap());
+        }
+        all.sort_by_key(|e| e.id);
+        all
+    };
+    let before = history(store.clone()).await.last().unwrap().id;
+    let req = CycleRequest {
+        finishes: vec![(b, Outcome::Succeeded), (a, Outcome::Succeeded)],
+        claim: Some(claim_req("w-1", &["p", "q"], 3, LONG)),
+        specs: vec![("p".into(), sp)],
+    };
+    store.cycle(&req, "w-1").await.unwrap();
+    let mut written = std::collections::BTreeMap::<i64, Vec<_>>::new();
+    for e in history(store.clone()).await {
+        if e.id > before {
+            let moved = (e.from, e.to, e.detail, e.actor);
+            written.entry(e.job_id).or_default().push(moved);
+        }
+    }
+    let step = |from: State, to: State, detail: &str| {
+        (Some(from), to, detail.to_string(), "w-1".to_string())
+    };
+    let succeeded = vec![step(State::Running, State::Succeeded, "")];
+    let started = vec![
+        step(State::Queued, State::Leased, ""),
+        step(State::Leased, State::Running, "attempt 1"),
+    ];
+    let want = std::collections::BTreeMap::from([
+        (a.id, succeeded.clone()),
+        (b.id, succeeded),
+        (low, started.clone()),
+        (high, started),
+        (unstarted, vec![step(State::Queued, State::Leased, "")]),
+    ]);
+    assert_eq!(written, want);
+});
+
+// SQLite writes a cycle in one query up to its COMMIT, so the check of its
+// locks runs in SQL: a lock that does not end up as the claim predicted
+// (here a trigger bumps its fence behind the cycle's back) fails the
+// cycle, and nothing of it is written.
+#[tokio::test]
+async fn sqlite_cycle_whose_lock_went_astray_writes_nothing() {
+    let (store, _dir) = sqlite_store().await;
+    let sp = spec(LONG, StalePolicy::Hold);
+    let (holder, fence) = running_job(&store, "w-1", "p", Some("t"), sp).await;
+    let next = enqueue(&store, "p", Some("t")).await;
+    let history = |store: Store| async move {
+        let mut n = store.job_events(holder.id).await.unwrap().len();
+        n += store.job_events(next).await.unwrap().len();
+        n
+    };
+    let events = history(store.clone()).await;
+    raw_exec(
+        &store,
+        "CREATE TRIGGER astray AFTER UPDATE ON locks BEGIN
+             UPDATE locks SET fence = fence + 10 WHERE target = NEW.target;
+         END"
+        .into(),
+    )
+    .await;
+    let req = CycleRequest {
+        finishes: vec![(holder, Outcome::Succeeded)],
+        claim: Some(claim_req("w-1", &["p"], 1, LONG)),
+        specs: vec![("p".into(), sp)],
+    };
+    let err = store.cycle(&req, "w-1").await.unwrap_err().to_string();
+    assert!(
+        err.contains("cycle_locks_went_as_the_claim_predicted"),
+        "{err}"
+    );
+    assert_eq!(
+        store.get_job(holder.id).await.unwrap().state,
+        State::Running
+    );
+    assert_eq!(store.get_job(next).await.unwrap().state, State::Queued);
+    assert_eq!(history(store.clone()).await, events);
+    let locks = store.list_locks().await.unwrap();
+    assert_eq!(
+        (locks[0].job_id, Some(locks[0].fence)),
+        (holder.id, fence),
+        "the lock is still the holder's"
+    );
+    // Without the trigger the same cycle goes through.
+    raw_exec(&store, "DROP TRIGGER astray".into()).await;
+    let out = store.cycle(&req, "w-1").await.unwrap();
+    assert_eq!(out.claimed[0].started, Some((1, Some(2))));
+}

@@ -1,48 +1,70 @@
 //! The engine's cycle on SQLite: finish, claim and start in one
-//! transaction, in two round trips. Each round trip is a hand-off through
-//! sqlx's connection thread and back, and with short jobs their count,
-//! not SQLite's work, sets the pace. The first query opens the
-//! transaction and writes the successes (one UPDATE), the claim that
-//! starts every claimed job (one UPDATE) and the locks handed on, freed
-//! and taken (one upsert); the second writes the history (one INSERT) and
-//! commits.
+//! transaction, in one round trip. A round trip is a hand-off through
+//! sqlx's connection thread and back, and with short jobs their count, not
+//! SQLite's work, sets the pace. One query of several statements opens the
+//! transaction, writes the successes (one UPDATE), the claim that starts
+//! every claimed job (one UPDATE), the locks handed on, freed and taken
+//! (one upsert) and the history of all those moves (two INSERTs), checks
+//! the locks and commits. Only a cycle that also finishes jobs otherwise
+//! (retries, failures, cancels) leaves its transaction open for those, one
+//! by one, and commits after them.
+//!
+//! Since nothing can be read back before the `COMMIT`, the history is
+//! derived in SQL: the successes' events are written just before the
+//! successes, by the same predicate, so they name exactly the jobs that
+//! statement moves; the claim's jobs are found again by the lease token the
+//! claim gives them all, drawn anew for each cycle.
 //!
 //! The claim starts targeted jobs before their locks are written, with
 //! the fence the lock will get: within `BEGIN IMMEDIATE` nothing else
 //! writes, the claim only takes targets whose lock is free or held by a
-//! job this cycle finishes, and one job per target. What the lock upsert
-//! returns is checked against the claimed jobs before the second query:
-//! a lock that did not go as predicted rolls the whole cycle back (and the
-//! engine writes its parts on their own).
+//! job this cycle finishes, and one job per target. The last statement
+//! checks that every job the cycle started on a target holds its lock under
+//! that fence; when one does not, it fails (migration 0005's
+//! `cycle_checks`), the query stops before its `COMMIT` and the whole cycle
+//! is rolled back (the engine then writes its parts on their own).
 //!
 //! A query of several statements runs them in order on the connection's
 //! thread, binding the numbered parameters (`?N`) of each from the one
 //! argument list, and streams each statement's rows followed by its
-//! result: that is how the rows are told apart below. sqlx 0.9 keeps this
-//! for SQLite only and calls it deprecated on `Query::fetch_many` (its
+//! result, stopping at the first error: that is how the rows are told apart
+//! below, and why a failed check leaves the `COMMIT` unrun. sqlx 0.9 keeps
+//! this for SQLite only and calls it deprecated on `Query::fetch_many` (its
 //! replacement, `raw_sql`, takes no parameters); the contract tests run
 //! every cycle through it, so an upgrade that drops it fails them.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use futures::TryStreamExt;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
-use sqlx::{Either, Executor, Row};
+use sqlx::{Either, Executor};
 
-use super::batch::{finish_answers, finish_one_by_one, succeed_jobs, succeeded};
-use super::events::{Events, insert_events};
-use super::rows::{job_cols, job_from_row, lease_pairs, ms, now_ms, to_json};
+use super::batch::{finish_answers, finish_one_by_one, succeed_jobs};
+use super::rows::{job_cols, job_from_row, lease_of, lease_pairs, ms, now_ms, to_json};
 use super::worker::{claim_picks, sort_claim_order};
 use super::{SqliteStore, Unbegun, WriteTx};
 use crate::job::{Job, State};
 use crate::store::{
-    ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Result, StartSpec, StoreError,
-    start_detail, successes,
+    ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Result, StartSpec, successes,
 };
+
+/// The successes' events, written before [`succeed_jobs`] with its
+/// predicate (a running job whose lease is listed), in the request's order.
+/// Parameters: ?1 now, ?8 the finishing leases, ?10 the actor.
+macro_rules! success_events {
+    () => {
+        "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+         SELECT jobs.id, ?1, 'running', 'succeeded', ?10, ''
+         FROM json_each(?8) AS lease
+         JOIN jobs ON jobs.id = lease.value ->> 0 AND jobs.lease_token = lease.value ->> 1
+         WHERE jobs.state = 'running'
+         ORDER BY lease.key"
+    };
+}
 
 /// The claim that starts what it takes. Parameters: ?1 now, ?2 pipelines,
 /// ?3 limit, ?4 the jobs whose locks count as free, ?5 worker, ?6 the
-/// claim's lease, ?7 the start specs.
+/// claim's lease, ?7 the start specs, ?9 the cycle's lease token.
 macro_rules! claim_and_start_jobs {
     () => {
         concat!(
@@ -60,7 +82,7 @@ macro_rules! claim_and_start_jobs {
                 FROM pick LEFT JOIN spec ON spec.pipeline = pick.pipeline
             )
             UPDATE jobs SET state = iif(go.go, 'running', 'leased'), lease_owner = ?5,
-                lease_token = random(), lease_expires_at = ?1 + iif(go.go, go.spec_lease, ?6),
+                lease_token = ?9, lease_expires_at = ?1 + iif(go.go, go.spec_lease, ?6),
                 attempt = attempt + go.go, started_at = iif(go.go, ?1, started_at),
                 lock_fence = iif(go.go, go.fence, lock_fence),
                 on_stale = iif(go.go, go.spec_stale, on_stale),
@@ -72,40 +94,110 @@ macro_rules! claim_and_start_jobs {
     };
 }
 
+/// The jobs this cycle started on a target: running, this worker's, under
+/// the cycle's lease token. Parameters: ?5 worker, ?9 the token.
+macro_rules! started_on_targets {
+    () => {
+        "FROM jobs j INDEXED BY jobs_target_active
+         WHERE j.state IN ('leased','running','stale') AND j.state = 'running'
+           AND j.target IS NOT NULL AND j.lease_owner = ?5 AND j.lease_token = ?9"
+    };
+}
+
 /// The cycle's locks, after its successes and its claim: the lock of each
 /// job that succeeded in this transaction is freed, or handed with the
 /// next fence to the job this cycle started on its target; each other
-/// target a started job has is taken. A started job is one of this
-/// worker's running jobs, started now, that its lock does not name yet
-/// (a running job with a target holds its lock once its start commits).
-/// Parameters: ?1 now, ?4 the finishing jobs, ?5 worker.
+/// target a started job has is taken. Parameters: ?1 now, ?4 the finishing
+/// jobs, ?5 worker, ?9 the cycle's lease token.
 macro_rules! write_locks {
     () => {
-        "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
-         SELECT target, max(fence), max(holder), iif(max(holder) IS NULL, NULL, ?5),
-             iif(max(holder) IS NULL, NULL, ?1), max(expires)
-         FROM (
-             SELECT l.target, l.fence, NULL AS holder, NULL AS expires
-             FROM jobs h JOIN locks l ON l.holder_job = h.id AND l.target = h.target
-             WHERE h.id IN (SELECT value FROM json_each(?4)) AND h.state = 'succeeded'
-             UNION ALL
-             SELECT j.target, j.lock_fence, j.id, j.lease_expires_at
-             FROM jobs j INDEXED BY jobs_target_active
-             WHERE j.state IN ('leased','running','stale') AND j.state = 'running'
-               AND j.target IS NOT NULL AND j.lease_owner = ?5 AND j.started_at = ?1
-               AND NOT EXISTS (SELECT 1 FROM locks t
-                               WHERE t.target = j.target AND t.holder_job = j.id)
-         )
-         GROUP BY target
-         ON CONFLICT (target) DO UPDATE SET
-             fence = locks.fence + (excluded.holder_job IS NOT NULL),
-             holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
-             acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
-         WHERE (excluded.holder_job IS NOT NULL AND locks.holder_job IS NULL)
-            OR locks.holder_job IN (SELECT value FROM json_each(?4))
-         RETURNING holder_job, fence"
+        concat!(
+            "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
+             SELECT target, max(fence), max(holder), iif(max(holder) IS NULL, NULL, ?5),
+                 iif(max(holder) IS NULL, NULL, ?1), max(expires)
+             FROM (
+                 SELECT l.target, l.fence, NULL AS holder, NULL AS expires
+                 FROM jobs h JOIN locks l ON l.holder_job = h.id AND l.target = h.target
+                 WHERE h.id IN (SELECT value FROM json_each(?4)) AND h.state = 'succeeded'
+                 UNION ALL
+                 SELECT j.target, j.lock_fence, j.id, j.lease_expires_at ",
+            started_on_targets!(),
+            "
+             )
+             GROUP BY target
+             ON CONFLICT (target) DO UPDATE SET
+                 fence = locks.fence + (excluded.holder_job IS NOT NULL),
+                 holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
+                 acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+             WHERE (excluded.holder_job IS NOT NULL AND locks.holder_job IS NULL)
+                OR locks.holder_job IN (SELECT value FROM json_each(?4))"
+        )
     };
 }
+
+/// The claim's events, in claim order: each job queued → leased, and a
+/// started one leased → running with the detail of
+/// [`crate::store::start_detail`]. Parameters: ?1 now, ?5 worker, ?9 the
+/// cycle's lease token, ?10 the actor.
+macro_rules! claim_events {
+    () => {
+        "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+         SELECT j.id, ?1, m.from_state, m.to_state, ?10,
+             iif(m.step = 0, '', 'attempt ' || j.attempt
+                 || iif(j.lock_fence IS NULL, '', ', fence ' || j.lock_fence))
+         FROM jobs j INDEXED BY jobs_state
+         JOIN (SELECT 0 AS step, 'queued' AS from_state, 'leased' AS to_state
+               UNION ALL SELECT 1, 'leased', 'running') m
+           ON m.step = 0 OR j.state = 'running'
+         WHERE j.state IN ('leased','running') AND j.lease_owner = ?5 AND j.lease_token = ?9
+         ORDER BY j.priority DESC, j.due_at, j.id, m.step"
+    };
+}
+
+/// Fails (see migration 0005) when a job this cycle started on a target
+/// does not hold its lock under the fence its start recorded. Parameters:
+/// ?5 worker, ?9 the cycle's lease token.
+macro_rules! check_locks {
+    () => {
+        concat!(
+            "INSERT INTO cycle_checks (ok) SELECT 0 ",
+            started_on_targets!(),
+            "
+               AND NOT EXISTS (SELECT 1 FROM locks l WHERE l.target = j.target
+                               AND l.holder_job = j.id AND l.fence IS j.lock_fence)
+             LIMIT 1"
+        )
+    };
+}
+
+/// The cycle's statements, `BEGIN IMMEDIATE` aside.
+macro_rules! cycle_statements {
+    () => {
+        concat!(
+            success_events!(),
+            ";\n",
+            succeed_jobs!("?1", "?8"),
+            ";\n",
+            claim_and_start_jobs!(),
+            ";\n",
+            write_locks!(),
+            ";\n",
+            claim_events!(),
+            ";\n",
+            check_locks!()
+        )
+    };
+}
+
+/// sqlx 0.9 binds a statement's `?N` to the Nth argument, but takes each
+/// number below its highest that the statement does not use for an
+/// anonymous `?`, which consumes the next argument not yet consumed by
+/// earlier statements; when the list runs out it stops binding the
+/// statement and leaves its later parameters NULL (sqlx-sqlite's
+/// `arguments.rs`). Each number a statement skips therefore needs a spare
+/// argument: at most one per parameter in each of the query's nine
+/// statements. The spares are NULLs bound to numbers nothing reads.
+const SPARE_ARGUMENTS: usize = 9 * 10;
 
 impl SqliteStore {
     /// Finish, claim and start in one transaction: the claim sees the
@@ -116,54 +208,61 @@ impl SqliteStore {
             .claim
             .as_ref()
             .filter(|c| c.limit > 0 && !c.pipelines.is_empty());
-        let claiming = claim.map_or(0, |c| c.limit);
-        let mut events = Events::with_capacity(req.finishes.len() + 2 * claiming);
         let successes = successes(&req.finishes);
+        // The rare other outcomes go after the claim, in the same
+        // transaction: their locks and requeued jobs wait for the next
+        // cycle.
+        let only_successes = successes.len() == req.finishes.len();
         let unbegun = self.begin_in_first_query().await?;
-        let (mut tx, done, claimed) = succeed_claim_and_lock(
+        let written = write_cycle(
             unbegun,
             now,
             &successes,
             claim,
             &req.specs,
             worker,
-            &mut events,
+            only_successes,
         )
         .await?;
-        // The rare other outcomes, after the claim: their locks and
-        // requeued jobs wait for the next cycle.
-        let others = finish_one_by_one(&mut tx, now, &req.finishes, worker).await?;
-        let finished = finish_answers(&req.finishes, others, &done);
-        if events.is_empty() {
-            tx.commit().await?;
-        } else {
-            let sql = WriteTx::then_commit(insert_events!("?1", "?2", "?3"));
-            let query = sqlx::query(sql)
-                .bind(now)
-                .bind(worker)
-                .bind(events.to_json()?);
-            (&mut *tx).execute(query).await?;
-            tx.committed();
-        }
-        Ok(CycleOutcome { finished, claimed })
+        let others = match written.open {
+            None => HashMap::new(),
+            Some(mut tx) => {
+                let others = finish_one_by_one(&mut tx, now, &req.finishes, worker).await?;
+                tx.commit().await?;
+                others
+            }
+        };
+        Ok(CycleOutcome {
+            finished: finish_answers(&req.finishes, others, &written.done),
+            claimed: written.claimed,
+        })
     }
 }
 
-/// The transaction's first query: `BEGIN`, the successes, the claim that
-/// starts every claimed job whose pipeline has a spec (one row write
-/// instead of two, leased then running, nothing observable in between; a
-/// job with a target gets the fence its lock is about to get), and the
-/// locks. The locks of the jobs that succeeded here count as free. All
-/// moves are recorded in `events`.
-async fn succeed_claim_and_lock(
+/// What the cycle's query wrote.
+struct Written {
+    /// The transaction, when the query left it open.
+    open: Option<WriteTx>,
+    /// The successes whose lease was still held.
+    done: HashSet<LeaseRef>,
+    claimed: Vec<Claimed>,
+}
+
+/// The cycle's query: `BEGIN`, the successes, the claim that starts every
+/// claimed job whose pipeline has a spec (one row write instead of two,
+/// leased then running, nothing observable in between; a job with a target
+/// gets the fence its lock is about to get), the locks (those of the jobs
+/// that succeeded here count as free), the history, the check of the locks
+/// and, when `commit`, the `COMMIT`.
+async fn write_cycle(
     unbegun: Unbegun,
     now: i64,
     successes: &[LeaseRef],
     claim: Option<&ClaimRequest>,
     specs: &[(String, StartSpec)],
     worker: &str,
-    events: &mut Events,
-) -> Result<(WriteTx, HashSet<LeaseRef>, Vec<Claimed>)> {
+    commit: bool,
+) -> Result<Written> {
     let specs = specs
         .iter()
         .map(|(p, s)| (p, ms(s.lease), s.on_stale.as_str(), ms(s.backoff)))
@@ -179,14 +278,12 @@ async fn succeed_claim_and_lock(
         ),
         None => ("[]".to_string(), 0, 0, worker),
     };
-    let (mut tx, sql) = unbegun.begin_with(concat!(
-        succeed_jobs!("?1", "?8"),
-        ";\n",
-        claim_and_start_jobs!(),
-        ";\n",
-        write_locks!()
-    ));
-    let query = sqlx::query(sql)
+    let (mut tx, sql) = unbegun.begin_with(if commit {
+        concat!(cycle_statements!(), ";\nCOMMIT")
+    } else {
+        cycle_statements!()
+    });
+    let mut query = sqlx::query(sql)
         .bind(now)
         .bind(pipelines)
         .bind(limit)
@@ -194,16 +291,33 @@ async fn succeed_claim_and_lock(
         .bind(owner)
         .bind(lease)
         .bind(to_json(&specs)?)
-        .bind(lease_pairs(successes)?);
+        .bind(lease_pairs(successes)?)
+        .bind(rand::random::<i64>())
+        .bind(worker);
+    for _ in 0..SPARE_ARGUMENTS {
+        query = query.bind(None::<i64>);
+    }
     let mut results = statement_rows((&mut *tx).fetch_many(query).try_collect().await?);
     let _begin = results.next();
+    let _success_events = results.next();
     let success_rows = results.next().unwrap_or_default();
     let claim_rows = results.next().unwrap_or_default();
-    let lock_rows = results.next().unwrap_or_default();
-    let (done, _) = succeeded(&success_rows, successes, events)?;
-    let claimed = started(&claim_rows, events)?;
-    check_locks(&lock_rows, &claimed)?;
-    Ok((tx, done, claimed))
+    let done = success_rows
+        .iter()
+        .map(lease_of)
+        .collect::<Result<HashSet<_>>>()?;
+    let claimed = started(&claim_rows)?;
+    let open = if commit {
+        tx.committed();
+        None
+    } else {
+        Some(tx)
+    };
+    Ok(Written {
+        open,
+        done,
+        claimed,
+    })
 }
 
 /// The rows of each statement of a multi-statement query, in order.
@@ -221,8 +335,8 @@ fn statement_rows(
     statements.into_iter()
 }
 
-/// The claimed jobs, in the claim's order, and their moves in `events`.
-fn started(rows: &[SqliteRow], events: &mut Events) -> Result<Vec<Claimed>> {
+/// The claimed jobs, in the claim's order.
+fn started(rows: &[SqliteRow]) -> Result<Vec<Claimed>> {
     let mut jobs = rows
         .iter()
         .map(job_from_row)
@@ -231,46 +345,8 @@ fn started(rows: &[SqliteRow], events: &mut Events) -> Result<Vec<Claimed>> {
     Ok(jobs
         .into_iter()
         .map(|job| {
-            events.push(job.id, State::Queued, State::Leased, String::new());
-            let started = (job.state == State::Running).then(|| {
-                let detail = start_detail(job.attempt, job.lock_fence);
-                events.push(job.id, State::Leased, State::Running, detail);
-                (job.attempt, job.lock_fence)
-            });
+            let started = (job.state == State::Running).then_some((job.attempt, job.lock_fence));
             Claimed { job, started }
         })
         .collect())
-}
-
-/// Every lock the upsert gave a holder went to a job this cycle started,
-/// under the fence its start recorded, and every such job got one.
-fn check_locks(rows: &[SqliteRow], claimed: &[Claimed]) -> Result<()> {
-    let mut taken = 0;
-    for row in rows {
-        let holder: Option<i64> = row.try_get("holder_job")?;
-        let fence: i64 = row.try_get("fence")?;
-        let expected = claimed
-            .iter()
-            .find(|c| Some(c.job.id) == holder)
-            .and_then(|c| c.job.lock_fence);
-        match (holder, expected) {
-            (None, _) => {}
-            (Some(_), Some(f)) if f == fence => taken += 1,
-            (Some(job), _) => {
-                return Err(StoreError::Database(format!(
-                    "job {job}: its lock's fence {fence} is not the one its start recorded"
-                )));
-            }
-        }
-    }
-    let taking = claimed
-        .iter()
-        .filter(|c| c.job.target.is_some() && matches!(c.started, Some((_, Some(_)))))
-        .count();
-    if taken != taking {
-        return Err(StoreError::Database(format!(
-            "the cycle took {taken} of the {taking} locks its claim started jobs for"
-        )));
-    }
-    Ok(())
 }

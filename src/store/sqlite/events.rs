@@ -47,32 +47,17 @@ impl Events {
         if self.is_empty() {
             return Ok(());
         }
-        sqlx::query(insert_events!("?1", "?2", "?3"))
-            .bind(at)
-            .bind(actor)
-            .bind(self.to_json()?)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
+             SELECT value ->> 0, ?1, value ->> 1, value ->> 2, ?2, value ->> 3
+             FROM json_each(?3) ORDER BY key",
+        )
+        .bind(at)
+        .bind(actor)
+        .bind(self.to_json()?)
+        .execute(&mut *tx)
+        .await?;
         self.clear();
         Ok(())
     }
 }
-
-/// The statement that writes a batch's events; `$at`, `$actor` and `$rows`
-/// name its parameters (the time, the actor, [`Events::to_json`]), so that
-/// the cycle can send it behind its lock writes in one round trip.
-macro_rules! insert_events {
-    ($at:literal, $actor:literal, $rows:literal) => {
-        concat!(
-            "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
-             SELECT value ->> 0, ",
-            $at,
-            ", value ->> 1, value ->> 2, ",
-            $actor,
-            ", value ->> 3 FROM json_each(",
-            $rows,
-            ") ORDER BY key"
-        )
-    };
-}
-pub(super) use insert_events;

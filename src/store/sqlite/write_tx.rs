@@ -104,13 +104,8 @@ impl WriteTx {
         Ok(())
     }
 
-    /// `sql` followed by `COMMIT`, for the transaction's last query. Once
-    /// it has run, call [`WriteTx::committed`].
-    pub(super) fn then_commit(sql: &str) -> AssertSqlSafe<String> {
-        AssertSqlSafe(format!("{sql};\nCOMMIT"))
-    }
-
-    /// The query from [`WriteTx::then_commit`] ran without an error.
+    /// The transaction's last query, ending in `COMMIT`, ran without an
+    /// error.
     pub(super) fn committed(mut self) {
         // Nothing to roll back: give the place up now.
         self.place = None;
@@ -196,7 +191,6 @@ impl DerefMut for WriteTx {
 #[cfg(test)]
 mod tests {
     use super::super::SqliteStore;
-    use super::WriteTx;
 
     async fn store(dir: &tempfile::TempDir) -> SqliteStore {
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
@@ -262,12 +256,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir).await;
         let mut tx = store.begin().await.unwrap();
-        let sql = WriteTx::then_commit("INSERT INTO t VALUES (1); SELECT * FROM missing");
+        let sql = "INSERT INTO t VALUES (1); SELECT * FROM missing; COMMIT";
         assert!(sqlx::raw_sql(sql).execute(&mut *tx).await.is_err());
         drop(tx);
         assert_eq!(rows(&store).await, 0);
         let mut tx = store.begin().await.unwrap();
-        let sql = WriteTx::then_commit("INSERT INTO t VALUES (1)");
+        let sql = "INSERT INTO t VALUES (1); COMMIT";
         sqlx::raw_sql(sql).execute(&mut *tx).await.unwrap();
         tx.committed();
         // Committed: another connection sees it, and the writer is free.
