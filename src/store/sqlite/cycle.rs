@@ -195,9 +195,9 @@ macro_rules! cycle_statements {
 /// earlier statements; when the list runs out it stops binding the
 /// statement and leaves its later parameters NULL (sqlx-sqlite's
 /// `arguments.rs`). Each number a statement skips therefore needs a spare
-/// argument: at most one per parameter in each of the query's nine
+/// argument: at most one per parameter (ten) in each of the query's eight
 /// statements. The spares are NULLs bound to numbers nothing reads.
-const SPARE_ARGUMENTS: usize = 9 * 10;
+const SPARE_ARGUMENTS: usize = 8 * 10;
 
 impl SqliteStore {
     /// Finish, claim and start in one transaction: the claim sees the
