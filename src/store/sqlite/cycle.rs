@@ -149,7 +149,8 @@ macro_rules! claim_events {
          JOIN (SELECT 0 AS step, 'queued' AS from_state, 'leased' AS to_state
                UNION ALL SELECT 1, 'leased', 'running') m
            ON m.step = 0 OR j.state = 'running'
-         WHERE j.state IN ('leased','running') AND j.lease_owner = ?5 AND j.lease_token = ?9
+         WHERE j.state IN ('leased','running') AND j.state <> 'queued'
+           AND j.lease_owner = ?5 AND j.lease_token = ?9
          ORDER BY j.priority DESC, j.due_at, j.id, m.step"
     };
 }

@@ -211,7 +211,9 @@ impl SqliteStore {
 /// set of fixed words, and only a literal `state = 'queued'` lets SQLite use
 /// the partial claim index (a bound list hid every index: a full scan). A
 /// list of finished states also says `finished_at IS NOT NULL` (always true
-/// for them), which the partial index on `finished_at` requires.
+/// for them), which the partial index on `finished_at` requires, and a list
+/// without `queued` says `state <> 'queued'`, which the state index
+/// requires (migration 0006).
 fn state_terms(filter: &JobFilter) -> String {
     let quoted: Vec<String> = filter
         .states
@@ -225,6 +227,9 @@ fn state_terms(filter: &JobFilter) -> String {
     };
     if filter.finished_only() {
         terms.push_str(" AND finished_at IS NOT NULL");
+    }
+    if !filter.states.is_empty() && !filter.states.contains(&State::Queued) {
+        terms.push_str(" AND state <> 'queued'");
     }
     terms
 }
