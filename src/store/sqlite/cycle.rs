@@ -137,8 +137,10 @@ macro_rules! write_locks {
 
 /// The claim's events, in claim order: each job queued → leased, and a
 /// started one leased → running with the detail of
-/// [`crate::store::start_detail`]. Parameters: ?1 now, ?5 worker, ?9 the
-/// cycle's lease token, ?10 the actor.
+/// [`crate::store::start_detail`]. Its `state <> 'queued'` is the state
+/// index's condition, which SQLite must see to use it (migration 0006).
+/// Parameters: ?1 now, ?5 worker, ?9 the cycle's lease token, ?10 the
+/// actor.
 macro_rules! claim_events {
     () => {
         "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
