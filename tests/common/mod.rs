@@ -150,6 +150,15 @@ pub async fn enqueue_job(store: &Store, job: NewJob) -> i64 {
     store.enqueue(job, OPERATOR).await.expect("enqueue").id
 }
 
+/// A job of `pipeline` without a target, due now, at `priority`.
+pub async fn enqueue_at_priority(store: &Store, pipeline: &str, priority: i32) -> i64 {
+    let job = NewJob {
+        priority,
+        ..new_job(pipeline, None)
+    };
+    enqueue_job(store, job).await
+}
+
 /// Claim exactly the job `id` (the only due one of its pipeline) for `worker`.
 pub async fn claim_one(store: &Store, worker: &str, pipeline: &str, lease: Duration) -> LeaseRef {
     let jobs = store

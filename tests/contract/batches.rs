@@ -2,7 +2,7 @@
 //! would get alone, and a lost lease in the batch spoils nothing else.
 
 use jobdeck::job::{StalePolicy, State};
-use jobdeck::store::{CycleRequest, LeaseRef, NewJob, Outcome, StartOutcome, Store, StoreError};
+use jobdeck::store::{CycleRequest, LeaseRef, Outcome, StartOutcome, Store, StoreError};
 
 use crate::common::*;
 
@@ -208,14 +208,7 @@ contract_test!(
         let low = enqueue(&store, "p", None).await;
         let unstarted = enqueue(&store, "q", None).await;
         let left = enqueue(&store, "p", None).await;
-        let high = enqueue_job(
-            &store,
-            NewJob {
-                priority: 5,
-                ..new_job("p", None)
-            },
-        )
-        .await;
+        let high = enqueue_at_priority(&store, "p", 5).await;
         let req = CycleRequest {
             finishes: vec![(done, Outcome::Succeeded)],
             claim: Some(claim_req("w-1", &["p", "q"], 3, LONG)),
@@ -275,14 +268,7 @@ contract_test!(
         let (first, _) = running_job(&store, "w-1", "p", None, p).await;
         let low = enqueue(&store, "p", None).await;
         let last = enqueue(&store, "p", None).await;
-        let high = enqueue_job(
-            &store,
-            NewJob {
-                priority: 5,
-                ..new_job("q", None)
-            },
-        )
-        .await;
+        let high = enqueue_at_priority(&store, "q", 5).await;
         let cycle = |done: LeaseRef, limit: usize| CycleRequest {
             finishes: vec![(done, Outcome::Succeeded)],
             claim: Some(claim_req("w-1", &["p", "q"], limit, LONG)),
@@ -432,14 +418,7 @@ contract_test!(cycle_writes_each_jobs_moves_in_order, |store| async move {
     let (b, _) = running_job(&store, "w-1", "p", None, sp).await;
     let low = enqueue(&store, "p", None).await;
     let unstarted = enqueue(&store, "q", None).await;
-    let high = enqueue_job(
-        &store,
-        NewJob {
-            priority: 5,
-            ..new_job("p", None)
-        },
-    )
-    .await;
+    let high = enqueue_at_priority(&store, "p", 5).await;
     let jobs = [a.id, b.id, low, unstarted, high];
     let history = |store: Store| async move {
         let mut all = Vec::new();
