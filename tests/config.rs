@@ -136,6 +136,11 @@ fn zero_slots_and_attempts() {
         &["workers: slots", "at least 1"],
     );
     assert_error(
+        "[workers]\nslots = 8\ncycles_in_flight = 0\n",
+        3,
+        &["workers: cycles_in_flight", "at least 1 (got 0)"],
+    );
+    assert_error(
         "[[pipeline]]\nname = \"sync\"\nmax_attempts = 0\n[[pipeline.step]]\nname = \"a\"\nbuiltin = \"noop\"\n",
         3,
         &["pipeline \"sync\": max_attempts", "at least 1"],
@@ -303,6 +308,7 @@ fn defaults() {
     assert_eq!(c, Config::default_empty());
     let w = WorkersConfig::default();
     assert_eq!(w.slots, 4);
+    assert_eq!(w.cycles_in_flight, 1);
     assert_eq!(w.lease, Duration::from_secs(30));
     assert_eq!(w.poll, Duration::from_millis(200));
     assert_eq!(w.kill_grace, Duration::from_secs(10));
@@ -350,6 +356,13 @@ fn defaults() {
     assert!(s.args.is_empty());
     assert_eq!(c.pipeline_names(), ["sync"]);
     assert!(c.pipeline("nope").is_none());
+}
+
+#[test]
+fn cycles_in_flight_is_read() {
+    let c = parse("[workers]\ncycles_in_flight = 3\n", "jobdeck.toml").unwrap();
+    assert_eq!(c.workers.cycles_in_flight, 3);
+    assert_eq!(c.workers.slots, 4);
 }
 
 fn asset(name: &str) -> Config {

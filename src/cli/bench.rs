@@ -20,6 +20,9 @@ pub struct BenchArgs {
     pub jobs: u32,
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub slots: u32,
+    /// Engine cycles sent before the first answers (`[workers] cycles_in_flight`)
+    #[arg(long, default_value_t = config::DEFAULT_CYCLES_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub cycles_in_flight: u32,
     /// Spread jobs over this many targets (0 = no targets, no locks)
     #[arg(long, default_value_t = 0)]
     pub targets: u32,
@@ -109,7 +112,9 @@ fn tempfile_dir() -> Result<std::path::PathBuf> {
 
 async fn bench(url: &str, a: &BenchArgs, scratch: &std::path::Path) -> Result<Report> {
     let store = super::connect_for_slots(url, Some(a.slots as usize)).await?;
-    let config = Arc::new(config::parse(BENCH_CONFIG, "bench")?);
+    let mut config = config::parse(BENCH_CONFIG, "bench")?;
+    config.workers.cycles_in_flight = a.cycles_in_flight as usize;
+    let config = Arc::new(config);
     let target = |i: u32| (a.targets > 0).then(|| format!("t{}", i % a.targets));
 
     let jobs: Vec<NewJob> = (0..a.jobs)

@@ -24,6 +24,7 @@ mod validate;
 pub use template::substitute;
 
 pub const DEFAULT_SLOTS: usize = 4;
+pub const DEFAULT_CYCLES_IN_FLIGHT: usize = 1;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_POLL: Duration = Duration::from_millis(200);
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
@@ -51,6 +52,13 @@ pub struct DatabaseConfig {
 pub struct WorkersConfig {
     /// Jobs run at once by this process: the global concurrency cap.
     pub slots: usize,
+    /// Engine cycles (one commit each: the finishes of the jobs that
+    /// ended, the claim and start of the next) sent before the first is
+    /// answered, each for its share of the slots. One batches the most
+    /// jobs per commit; more hide a slow round trip to a remote database
+    /// at the price of more commits per job. Postgres only: SQLite has
+    /// one writer.
+    pub cycles_in_flight: usize,
     pub lease: Duration,
     /// How often an idle worker looks for due jobs.
     pub poll: Duration,
@@ -66,6 +74,7 @@ impl Default for WorkersConfig {
     fn default() -> Self {
         WorkersConfig {
             slots: DEFAULT_SLOTS,
+            cycles_in_flight: DEFAULT_CYCLES_IN_FLIGHT,
             lease: DEFAULT_LEASE,
             poll: DEFAULT_POLL,
             kill_grace: DEFAULT_KILL_GRACE,

@@ -35,6 +35,7 @@ pub(super) struct RawDatabase {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawWorkers {
     pub slots: Option<Spanned<i64>>,
+    pub cycles_in_flight: Option<Spanned<i64>>,
     pub lease: Option<Spanned<Dur>>,
     pub poll: Option<Spanned<Dur>>,
     pub kill_grace: Option<Dur>,

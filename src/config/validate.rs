@@ -10,9 +10,10 @@ use toml::Spanned;
 use super::locate::{Located, line_of};
 use super::raw::{Dur, RawConfig, RawPipeline, RawSchedule, RawStep, RawWorkers};
 use super::{
-    Builtin, Config, DEFAULT_DRAIN_GRACE, DEFAULT_KILL_GRACE, DEFAULT_LEASE, DEFAULT_LOCK_WAIT,
-    DEFAULT_POLL, DEFAULT_RETENTION, DEFAULT_SLOTS, DEFAULT_TIMEZONE, DatabaseConfig, Pipeline,
-    Schedule, Step, StepAction, WorkersConfig, schedule, template,
+    Builtin, Config, DEFAULT_CYCLES_IN_FLIGHT, DEFAULT_DRAIN_GRACE, DEFAULT_KILL_GRACE,
+    DEFAULT_LEASE, DEFAULT_LOCK_WAIT, DEFAULT_POLL, DEFAULT_RETENTION, DEFAULT_SLOTS,
+    DEFAULT_TIMEZONE, DatabaseConfig, Pipeline, Schedule, Step, StepAction, WorkersConfig,
+    schedule, template,
 };
 use crate::job::{DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS};
 
@@ -78,18 +79,14 @@ fn unique(
 }
 
 fn workers(w: RawWorkers) -> Result<WorkersConfig> {
-    let slots = match w.slots {
-        None => DEFAULT_SLOTS,
-        Some(s) => match usize::try_from(*s.get_ref()) {
-            Ok(n) if n >= 1 => n,
-            _ => {
-                return Err(Located::at(
-                    s.span().start,
-                    format!("workers: slots: must be at least 1 (got {})", s.get_ref()),
-                ));
-            }
-        },
-    };
+    let slots = w
+        .slots
+        .map_or(Ok(DEFAULT_SLOTS), |s| at_least_one(s, "workers: slots"))?;
+    let cycles_in_flight = w
+        .cycles_in_flight
+        .map_or(Ok(DEFAULT_CYCLES_IN_FLIGHT), |c| {
+            at_least_one(c, "workers: cycles_in_flight")
+        })?;
     let lease = w.lease.map_or(Ok(DEFAULT_LEASE), |l| {
         let d = l.get_ref().0;
         if d < MIN_LEASE {
@@ -106,12 +103,23 @@ fn workers(w: RawWorkers) -> Result<WorkersConfig> {
         .map_or(Ok(DEFAULT_POLL), |p| positive(p, "workers: poll"))?;
     Ok(WorkersConfig {
         slots,
+        cycles_in_flight,
         lease,
         poll,
         kill_grace: w.kill_grace.map_or(DEFAULT_KILL_GRACE, |d| d.0),
         drain_grace: w.drain_grace.map_or(DEFAULT_DRAIN_GRACE, |d| d.0),
         retention: w.retention.map_or(DEFAULT_RETENTION, |d| d.0),
     })
+}
+
+fn at_least_one(n: Spanned<i64>, what: &str) -> Result<usize> {
+    match usize::try_from(*n.get_ref()) {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(Located::at(
+            n.span().start,
+            format!("{what}: must be at least 1 (got {})", n.get_ref()),
+        )),
+    }
 }
 
 /// A zero poll interval spins; a zero timeout kills every run at once.

@@ -2,9 +2,11 @@
 //! claim (and start) of the jobs that take their slots, written in one
 //! transaction. A slot is free again once its job's step is over, so the
 //! finish and the next claim share a commit: one commit per cycle instead
-//! of a claim, a start and a finish per batch. Where the database runs
-//! them side by side, more than one cycle is in flight ([`InFlight`]):
-//! while one waits on the server, the engine sends the next.
+//! of a claim, a start and a finish per batch. With `[workers]
+//! cycles_in_flight` above one, where the database runs them side by side,
+//! more than one cycle is in flight ([`InFlight`]): while one waits on the
+//! server, the engine sends the next. One is the default: a cycle's fixed
+//! cost (round trip, function call, commit) then carries all the slots.
 
 use std::collections::HashMap;
 use std::sync::Arc;

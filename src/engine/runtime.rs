@@ -167,7 +167,7 @@ pub async fn run(
     let mut drain_deadline: Option<tokio::time::Instant> = None;
     let mut shutdown_sent = false;
     let mut finishes = Vec::new();
-    let mut flight = InFlight::new(ctx.store.cycles_in_flight());
+    let mut flight = InFlight::new(cycles_in_flight(&ctx));
     let mut answered: Option<Settled> = None;
     // A claim runs with every cycle that writes finishes, and otherwise
     // only when there may be new work: at start, on a wake-up (new job,
@@ -262,6 +262,17 @@ pub async fn run(
     ctx.publish();
     ctx.status.send_modify(|s| s.stopped = true);
     tracing::info!("engine stopped");
+}
+
+/// The configured cycles in flight, as many as the backend runs side by
+/// side.
+fn cycles_in_flight(ctx: &Ctx) -> usize {
+    let wanted = ctx.config.workers.cycles_in_flight;
+    let most = ctx.store.max_cycles_in_flight();
+    if wanted > most {
+        tracing::info!("cycles_in_flight = {wanted}: this database runs {most} at a time");
+    }
+    wanted.min(most)
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -498,9 +498,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Finish, claim and start in one transaction (see [`CycleRequest`]).
     /// The outer error means nothing was written.
     async fn cycle(&self, req: &CycleRequest, worker: &str) -> Result<CycleOutcome>;
-    /// How many cycles of one node may be in flight at once: more than one
-    /// only where the database runs them side by side.
-    fn cycles_in_flight(&self) -> usize {
+    /// The most cycles of one node the backend runs side by side; the
+    /// engine sends up to `[workers] cycles_in_flight` of them.
+    fn max_cycles_in_flight(&self) -> usize {
         1
     }
 

@@ -1,6 +1,6 @@
 //! The slot cap: a node never runs more jobs at once than it has slots,
-//! also while several of its cycles are in flight (Postgres), and it fills
-//! them.
+//! also while several of its cycles are in flight (Postgres; SQLite runs
+//! one at a time whatever the setting), and it fills them.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -16,6 +16,7 @@ const JOBS: usize = 200;
 const CONFIG: &str = r#"
 [workers]
 lease = "10s"
+cycles_in_flight = 2
 
 [[pipeline]]
 name = "ledger"

@@ -247,10 +247,9 @@ impl Backend for PgStore {
         self.cycle_jobs(req, worker).await
     }
 
-    /// Two: while one cycle waits on its commit, the other's statements
-    /// run on a second backend (the server's work is most of a cycle).
-    fn cycles_in_flight(&self) -> usize {
-        2
+    /// Any number: each cycle in flight has a connection of its own.
+    fn max_cycles_in_flight(&self) -> usize {
+        usize::MAX
     }
 
     async fn cancel(&self, id: i64, actor: &str) -> Result<CancelOutcome> {
