@@ -54,10 +54,12 @@ pub struct WorkersConfig {
     pub slots: usize,
     /// Engine cycles (one commit each: the finishes of the jobs that
     /// ended, the claim and start of the next) sent before the first is
-    /// answered, each for its share of the slots. One batches the most
-    /// jobs per commit; more hide a slow round trip to a remote database
-    /// at the price of more commits per job. Postgres only: SQLite has
-    /// one writer.
+    /// answered, each for its share of the slots. One puts the most jobs
+    /// in a commit; more overlap one cycle's commit with another's work
+    /// at the price of more commits per job, which pays only where a
+    /// cycle's cost grows fast with its jobs and cores sit idle (every
+    /// case measured in BENCHMARKS.md ran faster with one). Postgres
+    /// only: SQLite has one writer.
     pub cycles_in_flight: usize,
     pub lease: Duration,
     /// How often an idle worker looks for due jobs.
