@@ -4,36 +4,21 @@
 
 mod common;
 
-use std::process::Command;
-
 use serde_json::Value;
 
-use common::PG_ENV;
+use common::{jobdeck_in, postgres_url, stdout_json};
 
 const JOBS: u64 = 200;
 
 fn bench(extra: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = Command::new(env!("CARGO_BIN_EXE_jobdeck"))
-        .current_dir(dir.path())
-        .env_remove("JOBDECK_DB")
-        .env("JOBDECK_DATA_DIR", dir.path().join("data"))
+    let out = jobdeck_in(dir.path())
         .args(["bench", "--jobs", &JOBS.to_string(), "--slots", "4"])
         .args(["--latency-jobs", "5", "--json"])
         .args(extra)
         .output()
         .expect("run jobdeck");
-    assert!(
-        out.status.success(),
-        "bench {extra:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not one JSON object ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    stdout_json(out, &format!("bench {extra:?}"))
 }
 
 fn check(report: &Value, backend: &str, targets: u64) {
@@ -62,12 +47,8 @@ fn sqlite() {
 /// `[workers] cycles_in_flight` opens, through the bench's own flag.
 #[test]
 fn postgres_with_two_cycles_in_flight_and_targets() {
-    let url = match std::env::var(PG_ENV) {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => {
-            eprintln!("postgres bench smoke test did not run: {PG_ENV} unset");
-            return;
-        }
+    let Some(url) = postgres_url("postgres bench smoke test") else {
+        return;
     };
     let report = bench(&["--db", &url, "--cycles-in-flight", "2", "--targets", "7"]);
     check(&report, "postgres", 7);

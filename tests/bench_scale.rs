@@ -25,10 +25,7 @@ const QUERIES: usize = 12;
 
 fn scale(extra: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = Command::new(env!("CARGO_BIN_EXE_jobdeck"))
-        .current_dir(dir.path())
-        .env_remove("JOBDECK_DB")
-        .env("JOBDECK_DATA_DIR", dir.path().join("data"))
+    let out = jobdeck_in(dir.path())
         .args([
             "bench",
             "--scale",
@@ -41,17 +38,7 @@ fn scale(extra: &[&str]) -> Value {
         .args(extra)
         .output()
         .expect("run jobdeck");
-    assert!(
-        out.status.success(),
-        "bench --scale {extra:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not one JSON object ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    stdout_json(out, &format!("bench --scale {extra:?}"))
 }
 
 fn check(report: &Value, backend: &str) {
@@ -95,12 +82,8 @@ fn sqlite() {
 
 #[test]
 fn postgres_with_plans() {
-    let url = match std::env::var(PG_ENV) {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => {
-            eprintln!("postgres scale smoke test did not run: {PG_ENV} unset");
-            return;
-        }
+    let Some(url) = postgres_url("postgres scale smoke test") else {
+        return;
     };
     // A set but unreachable server fails here: the bench cannot connect.
     let report = scale(&["--db", &url, "--explain"]);

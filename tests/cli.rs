@@ -2,16 +2,17 @@
 //! its exit codes, on a temp SQLite file (the store itself is covered on
 //! both backends by the contract suite).
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
+use common::{jobdeck_in, stdout_json};
+
 fn jobdeck(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_jobdeck"))
-        .current_dir(dir)
-        .env_remove("JOBDECK_DB")
-        .env("JOBDECK_DATA_DIR", dir.join("data"))
+    jobdeck_in(dir)
         .env("USER", "alice")
         .args(args)
         .output()
@@ -20,18 +21,7 @@ fn jobdeck(dir: &Path, args: &[&str]) -> Output {
 
 /// Run, expect success, parse stdout as JSON.
 fn json(dir: &Path, args: &[&str]) -> Value {
-    let out = jobdeck(dir, args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{args:?}: not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    stdout_json(jobdeck(dir, args), &format!("{args:?}"))
 }
 
 /// Run, expect failure with exactly one line on stderr; return it.
@@ -225,10 +215,7 @@ fn processes_opening_a_fresh_database_together_all_succeed() {
         let dir = tempfile::tempdir().unwrap();
         let children: Vec<_> = (0..8)
             .map(|_| {
-                Command::new(env!("CARGO_BIN_EXE_jobdeck"))
-                    .current_dir(dir.path())
-                    .env_remove("JOBDECK_DB")
-                    .env("JOBDECK_DATA_DIR", dir.path().join("data"))
+                jobdeck_in(dir.path())
                     .args(["migrate", "--db", "sqlite://fresh.db"])
                     .stdout(std::process::Stdio::null())
                     .stderr(std::process::Stdio::piped())

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+use std::path::Path;
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -13,6 +15,31 @@ use jobdeck::store::{ClaimRequest, LeaseRef, NewJob, StartOutcome, StartSpec, St
 pub const PG_ENV: &str = "JOBDECK_TEST_POSTGRES";
 
 pub const OPERATOR: &str = "operator:test@host";
+
+/// The built binary, run in `dir` with its data there and no database
+/// from the environment.
+pub fn jobdeck_in(dir: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_jobdeck"));
+    cmd.current_dir(dir)
+        .env_remove("JOBDECK_DB")
+        .env("JOBDECK_DATA_DIR", dir.join("data"));
+    cmd
+}
+
+/// Expect `what` to have succeeded and printed one JSON value.
+pub fn stdout_json(out: Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
 
 /// A store on a fresh SQLite file. Keep the directory alive for the test.
 pub async fn sqlite_store() -> (Store, tempfile::TempDir) {
@@ -33,15 +60,21 @@ pub async fn postgres_store() -> Option<Store> {
 
 static SCHEMA_COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// The server named by [`PG_ENV`]; `None` (with a note on stderr naming
+/// `tests`) when the variable is unset.
+pub fn postgres_url(tests: &str) -> Option<String> {
+    match std::env::var(PG_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            eprintln!("{tests} did not run: {PG_ENV} unset");
+            None
+        }
+    }
+}
+
 /// Like [`postgres_store`], also naming the schema so it can be dropped.
 pub async fn postgres_store_named() -> Option<(Store, String)> {
-    let base = match std::env::var(PG_ENV) {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => {
-            eprintln!("postgres contract tests did not run: {PG_ENV} unset");
-            return None;
-        }
-    };
+    let base = postgres_url("postgres contract tests")?;
     let schema = format!(
         "t_{}_{}_{:08x}",
         std::process::id(),
