@@ -2,22 +2,24 @@
 # The server side of jobdeck's engine alone: pgbench calls jobdeck_cycle the
 # way the engine does (bench/cycle.sql), CLIENTS connections side by side,
 # BATCH jobs per call, on a fresh database migrated by jobdeck with JOBS
-# queued no-op jobs. Prints jobs/s and the machine's CPU per 1,000 jobs
-# (from /proc/stat, every process included).
+# queued no-op jobs, spread over TARGETS targets as `jobdeck bench --targets`
+# does (0, the default: no targets). Prints jobs/s and the machine's CPU per
+# 1,000 jobs (from /proc/stat, every process included).
 #
 #   bench/cycle.sh 1 8            one client, 8 jobs per call
 #   bench/cycle.sh 2 4 20000      two clients, 4 each, 20,000 jobs
+#   bench/cycle.sh 1 8 20000 100  one client, 8 jobs per call, 100 targets
 #
 # Env: PGHOST PGPORT PGUSER (default 127.0.0.1 5432 postgres),
 #      JOBDECK_BIN (default target/release/jobdeck, built if missing).
 # The database bench_cycle is created and dropped.
 set -euo pipefail
 
-if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ && "$2" =~ ^[1-9][0-9]*$ && "${3:-1}" =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: bench/cycle.sh CLIENTS BATCH [JOBS]" >&2
+if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ && "$2" =~ ^[1-9][0-9]*$ && "${3:-1}" =~ ^[1-9][0-9]*$ && "${4:-0}" =~ ^[0-9]+$ ]]; then
+  echo "usage: bench/cycle.sh CLIENTS BATCH [JOBS [TARGETS]]" >&2
   exit 2
 fi
-CLIENTS=$1 BATCH=$2 JOBS=${3:-20000}
+CLIENTS=$1 BATCH=$2 JOBS=${3:-20000} TARGETS=${4:-0}
 BENCH="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(dirname "$BENCH")"
 export PGHOST="${PGHOST:-127.0.0.1}" PGPORT="${PGPORT:-5432}" PGUSER="${PGUSER:-postgres}"
@@ -29,7 +31,10 @@ dropdb --if-exists "$DB" && createdb "$DB"
 trap 'dropdb --if-exists "$DB"' EXIT
 "$JOBDECK" --db "postgres://$PGUSER@$PGHOST:$PGPORT/$DB" migrate > /dev/null
 psql -q -v ON_ERROR_STOP=1 -d "$DB" -c \
-  "INSERT INTO jobs (pipeline, state, due_at) SELECT 'bench', 'queued', now() FROM generate_series(1, $JOBS); ANALYZE jobs;"
+  "INSERT INTO jobs (pipeline, state, due_at, target)
+   SELECT 'bench', 'queued', now(), CASE WHEN $TARGETS > 0 THEN 't' || (i % greatest($TARGETS, 1)) END
+   FROM generate_series(0, $JOBS - 1) AS i;
+   ANALYZE jobs;"
 
 cpu() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 tx=$((JOBS / (CLIENTS * BATCH) + 1))
