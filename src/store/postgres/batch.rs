@@ -92,6 +92,14 @@ async fn cycle_in_parts(
 /// call of `jobdeck_cycle` (migrations 0003, 0007): one round trip, and the
 /// statement's own commit. Failures need the full decision of
 /// `finish_in`, so a cycle with one goes statement by statement.
+///
+/// The function locks the finishing rows in a statement of their own
+/// before it writes them and frees their locks by row version: the second
+/// statement's snapshot then includes any lease renewal that held those
+/// rows and rewrote their lock rows. Folded into one statement, that
+/// snapshot predates the wait, and the release missed such lock rows (the
+/// kill storm of `tests/faults/storm.rs` ended with targets held by
+/// succeeded jobs; see BENCHMARKS.md, session 12).
 async fn cycle_in_one_call(
     conn: &mut PgConnection,
     req: &CycleRequest,
