@@ -4,6 +4,8 @@
 //! missing binary, shell metacharacters, huge and binary output. The
 //! database password never shows, in errors, logs or `--json` output.
 
+mod common;
+
 #[path = "engine/harness/mod.rs"]
 mod harness;
 
@@ -12,21 +14,17 @@ mod harness;
 mod cluster;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use harness::{Env, Kind, eventually};
 use jobdeck::job::State;
 
-const BIN: &str = env!("CARGO_BIN_EXE_jobdeck");
 const PASSWORD: &str = "s3cret-Pa55word";
 
 fn jobdeck(dir: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
+    common::jobdeck_in(dir)
         .args(args)
-        .current_dir(dir)
-        .env_remove("JOBDECK_DB")
-        .env("JOBDECK_DATA_DIR", dir.join("data"))
         .output()
         .expect("run jobdeck")
 }
