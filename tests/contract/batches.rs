@@ -326,6 +326,65 @@ contract_test!(
     }
 );
 
+// Successes with and without a target, and a lost lease, in a cycle whose
+// claim finds no queued job with a target (on Postgres, the lean claim of
+// migration 0010): the lock is freed and the next job on its target takes
+// it under the next fence, the lost finish writes nothing, and every move
+// is logged and counted once.
+contract_test!(
+    cycle_frees_its_successes_locks_when_no_queued_job_has_a_target,
+    |store| async move {
+        let sp = spec(LONG, StalePolicy::Hold);
+        let (plain, _) = running_job(&store, "w-1", "p", None, sp).await;
+        let (held, fence) = running_job(&store, "w-1", "p", Some("t"), sp).await;
+        let (other, _) = running_job(&store, "w-1", "p", None, sp).await;
+        let lost = LeaseRef {
+            id: other.id,
+            token: other.token.wrapping_add(1),
+        };
+        let next = enqueue(&store, "p", None).await;
+        let req = CycleRequest {
+            finishes: vec![
+                (held, Outcome::Succeeded),
+                (lost, Outcome::Succeeded),
+                (plain, Outcome::Succeeded),
+            ],
+            claim: Some(claim_req("w-1", &["p"], 10, LONG)),
+            specs: vec![("p".into(), sp)],
+        };
+        let out = store.cycle(&req, "w-1").await.unwrap();
+        assert_eq!(out.finished[0].as_ref().unwrap(), &State::Succeeded);
+        assert!(matches!(out.finished[1], Err(StoreError::LeaseLost(id)) if id == other.id));
+        assert_eq!(out.finished[2].as_ref().unwrap(), &State::Succeeded);
+        assert_eq!(store.get_job(other.id).await.unwrap().state, State::Running);
+        let claimed: Vec<_> = out.claimed.iter().map(|c| (c.job.id, c.started)).collect();
+        assert_eq!(claimed, vec![(next, Some((1, None)))]);
+        assert!(store.list_locks().await.unwrap().is_empty(), "t is free");
+        for id in [held.id, plain.id] {
+            let moves = moves(&store, id).await;
+            assert_eq!(
+                moves.last().unwrap(),
+                &(Some(State::Running), State::Succeeded, String::new())
+            );
+        }
+        assert_eq!(
+            nonzero_counts(&store).await,
+            vec![(State::Running, 2), (State::Succeeded, 2)]
+        );
+
+        // The next job on t takes the freed lock under the next fence.
+        let waiting = enqueue(&store, "p", Some("t")).await;
+        let req = CycleRequest {
+            finishes: Vec::new(),
+            claim: Some(claim_req("w-1", &["p"], 10, LONG)),
+            specs: vec![("p".into(), sp)],
+        };
+        let out = store.cycle(&req, "w-1").await.unwrap();
+        let claimed: Vec<_> = out.claimed.iter().map(|c| (c.job.id, c.started)).collect();
+        assert_eq!(claimed, vec![(waiting, Some((1, fence.map(|f| f + 1))))]);
+    }
+);
+
 contract_test!(cycle_without_claim_only_finishes, |store| async move {
     let sp = spec(LONG, StalePolicy::Hold);
     let (a, _) = running_job(&store, "w-1", "p", None, sp).await;
