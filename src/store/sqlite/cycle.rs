@@ -35,7 +35,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use futures::TryStreamExt;
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
 use sqlx::{Either, Executor};
 
@@ -44,6 +43,7 @@ use super::rows::{job_cols, job_from_row, lease_of, lease_pairs, ms, now_ms, to_
 use super::worker::{claim_picks, sort_claim_order};
 use super::{SqliteStore, Unbegun, WriteTx};
 use crate::job::{Job, State};
+use crate::store::awake::collect_awake;
 use crate::store::{
     ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Result, StartSpec, successes,
 };
@@ -300,7 +300,7 @@ async fn write_cycle(
     for _ in 0..SPARE_ARGUMENTS {
         query = query.bind(None::<i64>);
     }
-    let mut results = statement_rows((&mut *tx).fetch_many(query).try_collect().await?);
+    let mut results = statement_rows(collect_awake((&mut *tx).fetch_many(query)).await?);
     let _begin = results.next();
     let _success_events = results.next();
     let success_rows = results.next().unwrap_or_default();
