@@ -16,7 +16,6 @@ use serde::Serialize;
 
 use crate::job::{Event, Job, StalePolicy, State};
 
-mod awake;
 mod error;
 mod migrate;
 pub mod postgres;

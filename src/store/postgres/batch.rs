@@ -8,12 +8,11 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sqlx::{Connection, Executor, PgConnection};
+use sqlx::{Connection, PgConnection};
 
 use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, ms, rows};
 use crate::job::{self, Job, State};
-use crate::store::awake::collect_awake;
 use crate::store::{
     Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec,
     StoreError, group_by_spec, item_answer, successes,
@@ -115,7 +114,7 @@ async fn cycle_in_one_call(
         None => (&[][..], 0, Duration::ZERO),
     };
     let limit = i64::try_from(limit).unwrap_or(i64::MAX / 16);
-    let query = sqlx::query(concat!(
+    let rows = sqlx::query(concat!(
         "SELECT ",
         job_cols!(),
         " FROM jobdeck_cycle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
@@ -150,8 +149,9 @@ async fn cycle_in_one_call(
             .iter()
             .map(|(_, s)| ms(s.backoff))
             .collect::<Vec<_>>(),
-    );
-    let rows = collect_awake(conn.fetch(query)).await?;
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     let mut succeeded = HashSet::with_capacity(done.len());
     let mut claimed = Vec::with_capacity(rows.len());
     for row in &rows {

@@ -38,12 +38,12 @@ use std::collections::{HashMap, HashSet};
 use sqlx::sqlite::{SqliteQueryResult, SqliteRow};
 use sqlx::{Either, Executor};
 
+use super::awake::collect_awake;
 use super::batch::{finish_answers, finish_one_by_one, succeed_jobs};
 use super::rows::{job_cols, job_from_row, lease_of, lease_pairs, ms, now_ms, to_json};
 use super::worker::{claim_picks, sort_claim_order};
 use super::{SqliteStore, Unbegun, WriteTx};
 use crate::job::{Job, State};
-use crate::store::awake::collect_awake;
 use crate::store::{
     ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Result, StartSpec, successes,
 };

@@ -28,6 +28,7 @@ use checkpoint::Checkpoints;
 use write_lock::{WriteLock, WriteTurn};
 use write_tx::{Gate, Held, Unbegun, WriteTx};
 
+mod awake;
 mod batch;
 mod checkpoint;
 mod cycle;

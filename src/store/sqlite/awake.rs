@@ -1,15 +1,20 @@
-//! Waiting for the engine's cycle without parking the thread. A cycle's
-//! query comes back as a stream of rows and results, handed over one by
-//! one from sqlx's SQLite connection thread or read off the Postgres
-//! socket. Awaited the usual way, the runtime thread parks between them and
-//! each arrival wakes it: a write to the runtime's eventfd, a context
-//! switch and, on a virtual machine, a halted vCPU woken again. A cycle of
-//! 8 jobs brings about 25 of them on SQLite, and `perf` put a quarter of
-//! the engine's time in those wake-ups. Polling the stream with a no-op
-//! waker and yielding to the runtime in between keeps the thread busy for
-//! as long as a cycle usually takes; past [`SPIN`] (a query queued behind
-//! another process's write lock, a slow server) the stream is awaited as
-//! usual, so a long wait costs no CPU.
+//! Waiting for the cycle's query without parking the thread. The query
+//! comes back from sqlx's SQLite connection thread as a stream of about
+//! 25 items for a cycle of 8 jobs (each statement's rows, then its
+//! result). Awaited the usual way, the runtime thread parks between them
+//! and each arrival wakes it: a write to the runtime's eventfd, a context
+//! switch and, on a virtual machine, a halted vCPU woken again; `perf`
+//! put a quarter of the engine's time in those wake-ups. Polling the
+//! stream with a no-op waker and yielding to the runtime in between keeps
+//! the thread busy for as long as a cycle usually takes (1.2–1.4× the
+//! jobs/s in alternating runs); past [`SPIN`], as when the query waits
+//! for another process's write lock, the stream is awaited as usual.
+//!
+//! Postgres does not do this: its cycle runs in the server, which shares
+//! the machine's cores, and a spinning client took a core the server's
+//! backend needed. The pickup of a job enqueued by another process went
+//! from p95 0.43 ms to 2.03 ms, the length of the spin (BENCHMARKS.md,
+//! session 13).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -18,8 +23,7 @@ use std::time::{Duration, Instant};
 use futures::{Stream, StreamExt};
 
 /// How long a cycle's query is polled before its stream is awaited with a
-/// real waker: a few times what a cycle takes on the slowest machine
-/// measured (about 0.5 ms on SQLite, 2 ms on Postgres with its commit).
+/// real waker: a few times what a cycle's query takes (about 0.5 ms).
 pub const SPIN: Duration = Duration::from_millis(2);
 
 /// Every item of `stream` until its end or its first error, polled without
