@@ -7,8 +7,11 @@
 //! put a quarter of the engine's time in those wake-ups. Polling the
 //! stream with a no-op waker and yielding to the runtime in between keeps
 //! the thread busy for as long as a cycle usually takes (1.2–1.4× the
-//! jobs/s in alternating runs); past [`SPIN`], as when the query waits
-//! for another process's write lock, the stream is awaited as usual.
+//! jobs/s in alternating runs); past [`SPIN`] the stream is awaited as
+//! usual. The query is sent once this process holds the file's write lock
+//! (`write_lock.rs`), so the spin covers its own work, not a wait for
+//! another jobdeck process; a writer that is not jobdeck may still make it
+//! wait, and the spin then gives up.
 //!
 //! Postgres does not do this: its cycle runs in the server, which shares
 //! the machine's cores, and a spinning client took a core the server's
