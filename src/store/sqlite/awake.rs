@@ -27,11 +27,11 @@ use futures::{Stream, StreamExt};
 
 /// How long a cycle's query is polled before its stream is awaited with a
 /// real waker: a few times what a cycle's query takes (about 0.5 ms).
-pub const SPIN: Duration = Duration::from_millis(2);
+pub(super) const SPIN: Duration = Duration::from_millis(2);
 
 /// Every item of `stream` until its end or its first error, polled without
 /// parking for up to [`SPIN`], then awaited.
-pub async fn collect_awake<T, E, S>(stream: S) -> Result<Vec<T>, E>
+pub(super) async fn collect_awake<T, E, S>(stream: S) -> Result<Vec<T>, E>
 where
     S: Stream<Item = Result<T, E>>,
 {
