@@ -10,6 +10,7 @@ mod batches;
 mod claims;
 mod leases;
 mod locks;
+mod mixed_cycles;
 mod operators;
 mod reads;
 mod retries;

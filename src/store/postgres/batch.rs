@@ -5,17 +5,20 @@
 //! everything else goes through the per-job path of `worker.rs` inside the
 //! same transaction, each write all or nothing.
 
+use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection};
 
+use super::lean_cycle::{self, Lean};
 use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, ms, rows};
 use crate::job::{self, Job, State};
 use crate::store::{
-    Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome, StartSpec,
-    StoreError, group_by_spec, item_answer, successes,
+    ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome,
+    StartSpec, StoreError, group_by_spec, item_answer, successes,
 };
 
 impl PgStore {
@@ -47,21 +50,88 @@ impl PgStore {
     /// Finish, claim and start in one transaction: the claim sees the
     /// slots and locks the finishes just freed. The claimed rows stay
     /// locked by this transaction until it commits, so their starts need
-    /// no further row locks. Runs on one of the engine's own connections
-    /// (`engine_conn`), not a pooled one.
+    /// no further row locks. A cycle of successes runs on one of the
+    /// engine's own connections (`engine_conn`), in one statement when
+    /// no lock is involved (`lean_cycle`), else in one call of
+    /// `jobdeck_cycle`; one with a failure runs statement by statement on
+    /// a pooled connection, where the count trigger counts its moves.
     pub(super) async fn cycle_jobs(
         &self,
         req: &CycleRequest,
         worker: &str,
     ) -> Result<CycleOutcome> {
+        if !req.finishes.iter().all(|(_, o)| *o == Outcome::Succeeded) {
+            let mut conn = self.pool.acquire().await?;
+            return cycle_in_parts(&mut conn, req, worker).await;
+        }
         let mut held = self.engine.hold(&self.pool).await?;
-        let outcome = if req.finishes.iter().all(|(_, o)| *o == Outcome::Succeeded) {
-            cycle_in_one_call(held.conn(), req, worker).await
-        } else {
-            cycle_in_parts(held.conn(), req, worker).await
-        };
+        let outcome = self.cycle_of_successes(held.conn(), req, worker).await;
         held.release(&outcome);
         outcome
+    }
+
+    /// The lean statement while no lock has come its way, else (and for
+    /// what it passes over) the function.
+    async fn cycle_of_successes(
+        &self,
+        conn: &mut PgConnection,
+        req: &CycleRequest,
+        worker: &str,
+    ) -> Result<CycleOutcome> {
+        if !self.lean.targets_seen() {
+            match lean_cycle::cycle(conn, req, worker).await? {
+                Lean::Written(rows) => {
+                    self.lean.written(&self.pool);
+                    let (mut outcome, passed_over) = read_cycle(&rows, &req.finishes)?;
+                    if passed_over > 0 {
+                        self.lean.saw_targets(true);
+                        let rest = claim_rest(conn, req, outcome.claimed.len(), worker).await;
+                        outcome.claimed.extend(rest);
+                        // Back in claim order, as the function returns them.
+                        outcome
+                            .claimed
+                            .sort_by_key(|c| (Reverse(c.job.priority), c.job.due_at, c.job.id));
+                    }
+                    return Ok(outcome);
+                }
+                Lean::Refused => self.lean.saw_targets(true),
+            }
+        }
+        let outcome = cycle_in_one_call(conn, req, worker).await?;
+        if !outcome.claimed.is_empty() && outcome.claimed.iter().all(|c| c.job.target.is_none()) {
+            self.lean.saw_targets(false);
+        }
+        Ok(outcome)
+    }
+}
+
+/// The claim's slots the lean statement left free (it passed over jobs
+/// with a target), claimed through the function. Its finishes and claim
+/// are committed already: a failure here leaves these slots to the next
+/// claim rather than failing the cycle.
+async fn claim_rest(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    claimed: usize,
+    worker: &str,
+) -> Vec<Claimed> {
+    let Some(claim) = req.claim.as_ref().filter(|c| c.limit > claimed) else {
+        return Vec::new();
+    };
+    let rest = CycleRequest {
+        finishes: Vec::new(),
+        claim: Some(ClaimRequest {
+            limit: claim.limit - claimed,
+            ..claim.clone()
+        }),
+        specs: req.specs.clone(),
+    };
+    match cycle_in_one_call(conn, &rest, worker).await {
+        Ok(outcome) => outcome.claimed,
+        Err(e) => {
+            tracing::debug!("claim after the lean cycle: {e}");
+            Vec::new()
+        }
     }
 }
 
@@ -88,10 +158,11 @@ async fn cycle_in_parts(
     })
 }
 
-/// A cycle whose finishes are all successes (the common case) in one
-/// call of `jobdeck_cycle` (migrations 0003, 0007): one round trip, and the
-/// statement's own commit. Failures need the full decision of
-/// `finish_in`, so a cycle with one goes statement by statement.
+/// A cycle whose finishes are all successes, where a lock may be taken or
+/// freed, in one call of `jobdeck_cycle` (migrations 0003, 0007): one
+/// round trip, and the statement's own commit. Failures need the full
+/// decision of `finish_in`, so a cycle with one goes statement by
+/// statement.
 ///
 /// The function locks the finishing rows in a statement of their own
 /// before it writes them and frees their locks by row version: the second
@@ -152,9 +223,16 @@ async fn cycle_in_one_call(
     )
     .fetch_all(&mut *conn)
     .await?;
-    let mut succeeded = HashSet::with_capacity(done.len());
+    Ok(read_cycle(&rows, &req.finishes)?.0)
+}
+
+/// A one-statement cycle's rows: the successes it wrote, the jobs it
+/// claimed (in the rows' order), and how many queued jobs it passed over.
+fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<(CycleOutcome, usize)> {
+    let mut succeeded = HashSet::with_capacity(finishes.len());
     let mut claimed = Vec::with_capacity(rows.len());
-    for row in &rows {
+    let mut passed_over = 0;
+    for row in rows {
         let job = rows::job(row)?;
         match job.state {
             State::Succeeded => {
@@ -163,6 +241,7 @@ async fn cycle_in_one_call(
                     token: job.lease_token.unwrap_or_default(),
                 });
             }
+            State::Queued => passed_over += 1,
             State::Running => claimed.push(Claimed {
                 started: Some((job.attempt, job.lock_fence)),
                 job,
@@ -170,8 +249,7 @@ async fn cycle_in_one_call(
             _ => claimed.push(Claimed { job, started: None }),
         }
     }
-    let finished = req
-        .finishes
+    let finished = finishes
         .iter()
         .map(|(lease, _)| {
             if succeeded.contains(lease) {
@@ -181,7 +259,7 @@ async fn cycle_in_one_call(
             }
         })
         .collect();
-    Ok(CycleOutcome { finished, claimed })
+    Ok((CycleOutcome { finished, claimed }, passed_over))
 }
 
 /// Start a batch of leased jobs whose rows this transaction has locked,

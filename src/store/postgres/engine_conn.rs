@@ -5,6 +5,16 @@
 //! server spent 1.3–1.5× the CPU per job it spends with the cycle on one
 //! backend. Idle connections kept here, one per cycle in flight, keep each
 //! cycle on a warm backend and one round trip.
+//!
+//! Their sessions carry the settings `jobdeck_cycle` sets for itself, for
+//! the lean cycle's plain statement (`lean_cycle`): it counts its own
+//! moves, so the count trigger steps aside (`jobdeck.cycle_counts`);
+//! every statement sent here does, and the cycles that do not (those with
+//! a failure) run on pooled connections. Plans stay generic (with array
+//! and LIMIT parameters a custom plan always looks cheaper, and planning
+//! at every call was a third of the server's time) and on the indexes (a
+//! generic plan made while a table was small would otherwise keep a scan
+//! of all of it), without JIT.
 
 use std::sync::Mutex;
 
@@ -13,8 +23,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 use crate::store::{Result, StoreError};
 
 /// Connections opened on first use with the pool's options (so a test
-/// schema's search_path carries over), and opened again after a failure
-/// that may have broken one.
+/// schema's search_path carries over) and the settings above, and opened
+/// again after a failure that may have broken one.
 #[derive(Debug, Default)]
 pub(super) struct EngineConn {
     idle: Mutex<Vec<PgConnection>>,
@@ -33,7 +43,15 @@ impl EngineConn {
         let idle = self.lock().pop();
         let conn = match idle {
             Some(conn) => conn,
-            None => PgConnection::connect_with(&pool.connect_options()).await?,
+            None => {
+                let options = (*pool.connect_options()).clone().options([
+                    ("jobdeck.cycle_counts", "on"),
+                    ("plan_cache_mode", "force_generic_plan"),
+                    ("enable_seqscan", "off"),
+                    ("jit", "off"),
+                ]);
+                PgConnection::connect_with(&options).await?
+            }
         };
         Ok(HeldConn { home: self, conn })
     }

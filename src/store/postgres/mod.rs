@@ -26,6 +26,7 @@ use super::{
 };
 use crate::job::{Event, Job, State};
 use engine_conn::EngineConn;
+use lean_cycle::LeanMode;
 
 /// The job columns every job-returning query selects, in the shape
 /// `rows::job` decodes (JSON as text: the crate has no sqlx `json` feature).
@@ -41,6 +42,7 @@ macro_rules! job_cols {
 mod batch;
 mod engine_conn;
 mod enqueue;
+mod lean_cycle;
 mod notices;
 mod operator;
 mod reads;
@@ -60,6 +62,7 @@ pub struct PgStore {
     pool: PgPool,
     url: String,
     engine: Arc<EngineConn>,
+    lean: Arc<LeanMode>,
 }
 
 impl PgStore {
@@ -112,6 +115,7 @@ impl PgStore {
             pool,
             url: url.to_string(),
             engine: Arc::default(),
+            lean: Arc::default(),
         })
     }
 

@@ -1,0 +1,188 @@
+//! The common cycle as one plain statement: successes that hold no lock,
+//! and a claim of jobs that need none. `jobdeck_cycle` does the same work
+//! in PL/pgSQL, whose statements, cursor and returned set cost a fifth of
+//! a cycle at 8 slots (pgbench calling each the way the engine does: 14.3k
+//! against 12.0k jobs/s; BENCHMARKS.md, session 14). Everything with a
+//! lock to take or free stays with the function:
+//! - a success with a target makes the statement stop with `JDL01`
+//!   (migration 0012) before anything is written;
+//! - a queued job with a target among the claim's candidates is left
+//!   queued and returned as it is, so the store can claim it through the
+//!   function in the same call.
+//!
+//! Runs on the engine's own connections, whose settings (`engine_conn`)
+//! are the function's: the trigger leaves the counting to the statement,
+//! and the plan stays generic and on the indexes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool};
+
+use super::ms;
+use crate::job::{self, State};
+use crate::store::{CycleRequest, Result, StoreError, successes};
+
+/// Whether a store's cycles take the lean statement, and how many it has
+/// written.
+#[derive(Debug, Default)]
+pub(super) struct LeanMode {
+    /// Set when a cycle met a lock (a success or a candidate with a
+    /// target), cleared when the function's claim took only jobs without
+    /// one: a queue of targeted jobs goes straight to the function.
+    targets_seen: AtomicBool,
+    written: AtomicU64,
+}
+
+impl LeanMode {
+    pub(super) fn targets_seen(&self) -> bool {
+        self.targets_seen.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn saw_targets(&self, seen: bool) {
+        self.targets_seen.store(seen, Ordering::Relaxed);
+    }
+
+    /// Count a written cycle. Every 16th folds the state counts' deltas,
+    /// as the function and the count triggers do about one call in 16,
+    /// on a pooled connection so that no cycle waits for it.
+    pub(super) fn written(&self, pool: &PgPool) {
+        if self.written.fetch_add(1, Ordering::Relaxed) % 16 != 15 {
+            return;
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            if let Err(e) = sqlx::query("SELECT job_state_fold()").execute(&pool).await {
+                tracing::debug!("fold of the state counts: {e}");
+            }
+        });
+    }
+}
+
+/// What the statement answered.
+pub(super) enum Lean {
+    /// Written and committed: the rows of the successes, the claimed jobs
+    /// and the queued jobs it passed over (which have a target).
+    Written(Vec<PgRow>),
+    /// A success holds a lock: nothing was written.
+    Refused,
+}
+
+/// Finish the request's successes (all of its finishes must be) and claim
+/// into its limit, in one statement and its own commit.
+pub(super) async fn cycle(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<Lean> {
+    let done = successes(&req.finishes);
+    if let Some(first) = done.first() {
+        job::check(first.id, State::Running, job::Move::Succeed)?;
+    }
+    let (pipelines, limit, claim_lease) = match &req.claim {
+        Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
+        None => (&[][..], 0, 0),
+    };
+    // The successes are found by `id = ANY ($1)` on the primary key, so
+    // they are locked in id order, as the renewal locks them. Their state
+    // is checked on the row (`IS TRUE` keeps it from being an index
+    // condition): through `jobs_state` the scan would walk every entry of
+    // the running range, one per job run since the last vacuum.
+    let rows = sqlx::query(concat!(
+        "WITH done AS ( \
+             UPDATE jobs SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL \
+             FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token) \
+             WHERE jobs.id = ANY ($1::bigint[]) AND jobs.id = t.id AND jobs.lease_token = t.token \
+               AND (jobs.state = 'running') IS TRUE \
+               AND (jobs.target IS NULL OR jobdeck_lean_cycle_refuses(jobs.id)) \
+             RETURNING jobs.* \
+         ), done_logged AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT id, 'running', 'succeeded', $3, '' FROM done ORDER BY id \
+         ), picked AS ( \
+             SELECT q.* FROM jobs q \
+             WHERE q.state = 'queued' AND q.due_at <= now() AND q.pipeline = ANY ($4::text[]) \
+             ORDER BY q.priority DESC, q.due_at, q.id \
+             LIMIT $5 \
+             FOR UPDATE OF q SKIP LOCKED \
+         ), claimed AS ( \
+             UPDATE jobs SET \
+                 state = CASE WHEN s.i IS NULL THEN 'leased' ELSE 'running' END, \
+                 lease_owner = $3, \
+                 lease_token = nextval('lease_tokens'), \
+                 lease_expires_at = now() + coalesce(($8::bigint[])[s.i], $6) \
+                                          * interval '1 millisecond', \
+                 attempt = jobs.attempt + CASE WHEN s.i IS NULL THEN 0 ELSE 1 END, \
+                 started_at = CASE WHEN s.i IS NULL THEN jobs.started_at ELSE now() END, \
+                 lock_fence = CASE WHEN s.i IS NULL THEN jobs.lock_fence END, \
+                 on_stale = coalesce(($9::text[])[s.i], jobs.on_stale), \
+                 backoff_ms = coalesce(($10::bigint[])[s.i], jobs.backoff_ms) \
+             FROM picked p CROSS JOIN LATERAL (SELECT array_position($7::text[], p.pipeline) AS i) s \
+             WHERE jobs.id = p.id AND p.target IS NULL \
+             RETURNING jobs.* \
+         ), claim_logged AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT c.id, e.from_state, e.to_state, $3, e.detail \
+             FROM claimed c CROSS JOIN LATERAL (VALUES \
+                 (1, 'queued', 'leased', ''), \
+                 (2, 'leased', 'running', 'attempt ' || c.attempt) \
+             ) AS e(n, from_state, to_state, detail) \
+             WHERE e.n = 1 OR c.state = 'running' \
+             ORDER BY c.id, e.n \
+         ), moved AS MATERIALIZED ( \
+             SELECT (SELECT count(*) FROM done) AS done, \
+                    (SELECT count(*) FROM claimed WHERE state = 'running') AS started, \
+                    (SELECT count(*) FROM claimed WHERE state = 'leased') AS leased \
+         ), counted AS ( \
+             INSERT INTO job_state_deltas (state, n) \
+             SELECT d.state, d.n FROM moved m CROSS JOIN LATERAL (VALUES \
+                 ('running', m.started - m.done), ('succeeded', m.done), \
+                 ('leased', m.leased), ('queued', -m.started - m.leased)) AS d(state, n) \
+             WHERE d.n <> 0 \
+         ) \
+         SELECT ",
+        job_cols!(),
+        " FROM ( \
+             SELECT * FROM done \
+             UNION ALL SELECT * FROM claimed \
+             UNION ALL SELECT * FROM picked WHERE target IS NOT NULL \
+         ) r ORDER BY priority DESC, due_at, id"
+    ))
+    .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
+    .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
+    .bind(worker)
+    .bind(pipelines)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .bind(claim_lease)
+    .bind(
+        req.specs
+            .iter()
+            .map(|(p, _)| p.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        req.specs
+            .iter()
+            .map(|(_, s)| ms(s.lease))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        req.specs
+            .iter()
+            .map(|(_, s)| s.on_stale.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        req.specs
+            .iter()
+            .map(|(_, s)| ms(s.backoff))
+            .collect::<Vec<_>>(),
+    )
+    .fetch_all(&mut *conn)
+    .await;
+    match rows {
+        Ok(rows) => Ok(Lean::Written(rows)),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("JDL01") => Ok(Lean::Refused),
+        Err(e) => Err(StoreError::from(e)),
+    }
+}
