@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, Row};
 
 use super::lean_cycle::{self, Lean};
 use super::worker::{claim_in, claim_window, finish_in, start_in};
@@ -233,20 +233,28 @@ fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<(Cycle
     let mut claimed = Vec::with_capacity(rows.len());
     let mut passed_over = 0;
     for row in rows {
-        let job = rows::job(row)?;
-        match job.state {
+        // Only the claimed jobs are decoded whole: the engine runs them.
+        match rows::state(row.try_get("state")?)? {
             State::Succeeded => {
                 succeeded.insert(LeaseRef {
-                    id: job.id,
-                    token: job.lease_token.unwrap_or_default(),
+                    id: row.try_get("id")?,
+                    token: row
+                        .try_get::<Option<i64>, _>("lease_token")?
+                        .unwrap_or_default(),
                 });
             }
             State::Queued => passed_over += 1,
-            State::Running => claimed.push(Claimed {
-                started: Some((job.attempt, job.lock_fence)),
-                job,
+            State::Running => {
+                let job = rows::job(row)?;
+                claimed.push(Claimed {
+                    started: Some((job.attempt, job.lock_fence)),
+                    job,
+                });
+            }
+            _ => claimed.push(Claimed {
+                job: rows::job(row)?,
+                started: None,
             }),
-            _ => claimed.push(Claimed { job, started: None }),
         }
     }
     let finished = finishes
