@@ -82,7 +82,11 @@ impl PgStore {
             match lean_cycle::cycle(conn, req, worker).await? {
                 Lean::Written(rows) => {
                     self.lean.written(&self.pool);
-                    let (mut outcome, passed_over) = read_cycle(&rows, &req.finishes)?;
+                    let CycleRows {
+                        mut outcome,
+                        passed_over,
+                        ..
+                    } = read_cycle(&rows, &req.finishes)?;
                     if passed_over > 0 {
                         self.lean.saw_targets(true);
                         let rest = claim_rest(conn, req, outcome.claimed.len(), worker).await;
@@ -97,11 +101,11 @@ impl PgStore {
                 Lean::Refused => self.lean.saw_targets(true),
             }
         }
-        let outcome = cycle_in_one_call(conn, req, worker).await?;
-        if !outcome.claimed.is_empty() && outcome.claimed.iter().all(|c| c.job.target.is_none()) {
-            self.lean.saw_targets(false);
+        let rows = cycle_in_one_call(conn, req, worker).await?;
+        if let Some(met) = rows.met_targets {
+            self.lean.saw_targets(met);
         }
-        Ok(outcome)
+        Ok(rows.outcome)
     }
 }
 
@@ -127,7 +131,7 @@ async fn claim_rest(
         specs: req.specs.clone(),
     };
     match cycle_in_one_call(conn, &rest, worker).await {
-        Ok(outcome) => outcome.claimed,
+        Ok(rows) => rows.outcome.claimed,
         Err(e) => {
             tracing::debug!("claim after the lean cycle: {e}");
             Vec::new()
@@ -175,7 +179,7 @@ async fn cycle_in_one_call(
     conn: &mut PgConnection,
     req: &CycleRequest,
     worker: &str,
-) -> Result<CycleOutcome> {
+) -> Result<CycleRows> {
     let done = successes(&req.finishes);
     if let Some(first) = done.first() {
         job::check(first.id, State::Running, job::Move::Succeed)?;
@@ -223,16 +227,28 @@ async fn cycle_in_one_call(
     )
     .fetch_all(&mut *conn)
     .await?;
-    Ok(read_cycle(&rows, &req.finishes)?.0)
+    read_cycle(&rows, &req.finishes)
 }
 
-/// A one-statement cycle's rows: the successes it wrote, the jobs it
-/// claimed (in the rows' order), and how many queued jobs it passed over.
-fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<(CycleOutcome, usize)> {
+/// A one-statement cycle's rows, read.
+struct CycleRows {
+    /// The successes it wrote and the jobs it claimed, in the rows' order.
+    outcome: CycleOutcome,
+    /// Queued jobs its claim passed over (the lean statement's: they have
+    /// a target).
+    passed_over: usize,
+    /// Whether any of its rows has a target; `None` without rows.
+    met_targets: Option<bool>,
+}
+
+fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<CycleRows> {
     let mut succeeded = HashSet::with_capacity(finishes.len());
     let mut claimed = Vec::with_capacity(rows.len());
     let mut passed_over = 0;
+    let mut met_targets = None;
     for row in rows {
+        let target: Option<&str> = row.try_get("target")?;
+        met_targets = Some(met_targets.unwrap_or(false) || target.is_some());
         // Only the claimed jobs are decoded whole: the engine runs them.
         match rows::state(row.try_get("state")?)? {
             State::Succeeded => {
@@ -267,7 +283,11 @@ fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<(Cycle
             }
         })
         .collect();
-    Ok((CycleOutcome { finished, claimed }, passed_over))
+    Ok(CycleRows {
+        outcome: CycleOutcome { finished, claimed },
+        passed_over,
+        met_targets,
+    })
 }
 
 /// Start a batch of leased jobs whose rows this transaction has locked,

@@ -27,9 +27,9 @@ use crate::store::{CycleRequest, Result, StoreError, successes};
 /// written.
 #[derive(Debug, Default)]
 pub(super) struct LeanMode {
-    /// Set when a cycle met a lock (a success or a candidate with a
-    /// target), cleared when the function's claim took only jobs without
-    /// one: a queue of targeted jobs goes straight to the function.
+    /// Set when a cycle met a target (a success, a claimed job or a
+    /// candidate with one), cleared when a cycle through the function met
+    /// none: a queue of targeted jobs goes straight to the function.
     targets_seen: AtomicBool,
     written: AtomicU64,
 }
