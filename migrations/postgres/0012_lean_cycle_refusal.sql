@@ -1,12 +1,13 @@
 -- The engine's lean cycle (src/store/postgres/lean_cycle.rs) is one plain
 -- statement: it writes successes that hold no lock and claims jobs that
--- need none. A success with a target has a lock to free, which that
--- statement leaves to jobdeck_cycle: meeting one, it stops with this error,
--- so nothing of the cycle is written, and the store sends the cycle again
--- through jobdeck_cycle.
-CREATE FUNCTION jobdeck_lean_cycle_refuses(p_job BIGINT) RETURNS boolean
+-- need none, and counts its own moves. It stops with this error, before
+-- anything is written, when it meets what it leaves to jobdeck_cycle (a
+-- success with a target's lock to free) or runs on a session where the
+-- count trigger would count its moves a second time; the store then sends
+-- the cycle through jobdeck_cycle.
+CREATE FUNCTION jobdeck_lean_cycle_refuses(p_why TEXT) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION 'job % holds a target''s lock: the lean cycle leaves it to jobdeck_cycle', p_job
+    RAISE EXCEPTION 'the lean cycle leaves this to jobdeck_cycle: %', p_why
         USING ERRCODE = 'JDL01';
 END $$;

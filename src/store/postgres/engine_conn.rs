@@ -8,9 +8,10 @@
 //!
 //! Their sessions carry the settings `jobdeck_cycle` sets for itself, for
 //! the lean cycle's plain statement (`lean_cycle`): it counts its own
-//! moves, so the count trigger steps aside (`jobdeck.cycle_counts`);
-//! every statement sent here does, and the cycles that do not (those with
-//! a failure) run on pooled connections. Plans stay generic (with array
+//! moves, so the count trigger steps aside (`jobdeck.cycle_counts`; the
+//! statement refuses to run on a session without it); every statement
+//! sent here does, and the cycles that do not (those with a failure) run
+//! on pooled connections. Plans stay generic (with array
 //! and LIMIT parameters a custom plan always looks cheaper, and planning
 //! at every call was a third of the server's time) and on the indexes (a
 //! generic plan made while a table was small would otherwise keep a scan
@@ -44,13 +45,18 @@ impl EngineConn {
         let conn = match idle {
             Some(conn) => conn,
             None => {
-                let options = (*pool.connect_options()).clone().options([
-                    ("jobdeck.cycle_counts", "on"),
-                    ("plan_cache_mode", "force_generic_plan"),
-                    ("enable_seqscan", "off"),
-                    ("jit", "off"),
-                ]);
-                PgConnection::connect_with(&options).await?
+                let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
+                // Set by statement rather than as startup options, which a
+                // pooler may drop without a word.
+                sqlx::query(
+                    "SELECT set_config('jobdeck.cycle_counts', 'on', false), \
+                            set_config('plan_cache_mode', 'force_generic_plan', false), \
+                            set_config('enable_seqscan', 'off', false), \
+                            set_config('jit', 'off', false)",
+                )
+                .execute(&mut conn)
+                .await?;
+                conn
             }
         };
         Ok(HeldConn { home: self, conn })

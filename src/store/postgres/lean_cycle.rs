@@ -5,7 +5,8 @@
 //! against 12.0k jobs/s; BENCHMARKS.md, session 14). Everything with a
 //! lock to take or free stays with the function:
 //! - a success with a target makes the statement stop with `JDL01`
-//!   (migration 0012) before anything is written;
+//!   (migration 0012) before anything is written, as does a session on
+//!   which the count trigger is on (the statement counts its moves);
 //! - a queued job with a target among the claim's candidates is left
 //!   queued and returned as it is, so the store can claim it through the
 //!   function in the same call.
@@ -83,18 +84,25 @@ pub(super) async fn cycle(
         Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
         None => (&[][..], 0, 0),
     };
+    // `settings` is read once, before either write: on a session where
+    // the count trigger would count the moves too, the statement stops.
     // The successes are found by `id = ANY ($1)` on the primary key, so
     // they are locked in id order, as the renewal locks them. Their state
     // is checked on the row (`IS TRUE` keeps it from being an index
     // condition): through `jobs_state` the scan would walk every entry of
     // the running range, one per job run since the last vacuum.
     let rows = sqlx::query(concat!(
-        "WITH done AS ( \
+        "WITH settings AS MATERIALIZED ( \
+             SELECT current_setting('jobdeck.cycle_counts', true) IS NOT DISTINCT FROM 'on' \
+                 OR jobdeck_lean_cycle_refuses('the count trigger is on') AS counting \
+         ), done AS ( \
              UPDATE jobs SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL \
              FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token) \
              WHERE jobs.id = ANY ($1::bigint[]) AND jobs.id = t.id AND jobs.lease_token = t.token \
                AND (jobs.state = 'running') IS TRUE \
-               AND (jobs.target IS NULL OR jobdeck_lean_cycle_refuses(jobs.id)) \
+               AND (jobs.target IS NULL \
+                    OR jobdeck_lean_cycle_refuses('job ' || jobs.id || ' holds a lock')) \
+               AND (SELECT counting FROM settings) \
              RETURNING jobs.* \
          ), done_logged AS ( \
              INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
@@ -102,6 +110,7 @@ pub(super) async fn cycle(
          ), picked AS ( \
              SELECT q.* FROM jobs q \
              WHERE q.state = 'queued' AND q.due_at <= now() AND q.pipeline = ANY ($4::text[]) \
+               AND (SELECT counting FROM settings) \
              ORDER BY q.priority DESC, q.due_at, q.id \
              LIMIT $5 \
              FOR UPDATE OF q SKIP LOCKED \
@@ -184,5 +193,58 @@ pub(super) async fn cycle(
         Ok(rows) => Ok(Lean::Written(rows)),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("JDL01") => Ok(Lean::Refused),
         Err(e) => Err(StoreError::from(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::postgres::PgStore;
+    use crate::store::{Backend, ClaimRequest, NewJob, scratch};
+
+    /// On a session where the count trigger counts (any but the engine's
+    /// own), the statement would count its moves twice: it stops before
+    /// writing anything. Needs `JOBDECK_TEST_POSTGRES`, as the Postgres
+    /// tests under `tests/` do.
+    #[tokio::test]
+    async fn on_a_session_whose_trigger_counts_it_writes_nothing() {
+        let Ok(base) = std::env::var("JOBDECK_TEST_POSTGRES") else {
+            eprintln!("lean cycle test did not run: JOBDECK_TEST_POSTGRES unset");
+            return;
+        };
+        let schema = format!("t_lean_{}", std::process::id());
+        let url = scratch::create_pg_schema(&base, &schema).await.unwrap();
+        let store = PgStore::connect(&url).await.unwrap();
+        let job = NewJob {
+            pipeline: "p".into(),
+            ..NewJob::default()
+        };
+        let id = store.enqueue(job, "test").await.unwrap().id;
+        let req = CycleRequest {
+            finishes: Vec::new(),
+            claim: Some(ClaimRequest {
+                worker: "w".into(),
+                pipelines: vec!["p".into()],
+                limit: 1,
+                lease: std::time::Duration::from_secs(60),
+            }),
+            specs: Vec::new(),
+        };
+        let mut conn = store.pool().acquire().await.unwrap();
+        let answer = cycle(&mut conn, &req, "w").await.unwrap();
+        assert!(matches!(answer, Lean::Refused));
+        assert_eq!(store.get_job(id).await.unwrap().state, State::Queued);
+        // With the engine's settings the same statement claims the job.
+        sqlx::query("SET jobdeck.cycle_counts = 'on'")
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let Lean::Written(rows) = cycle(&mut conn, &req, "w").await.unwrap() else {
+            panic!("refused with the engine's settings");
+        };
+        assert_eq!(rows.len(), 1);
+        assert_eq!(store.get_job(id).await.unwrap().state, State::Leased);
+        drop(conn);
+        scratch::drop_pg_schema(&base, &schema).await.unwrap();
     }
 }
