@@ -464,6 +464,16 @@ contract_test!(
         assert_eq!(out.claimed[0].started, Some((1, Some(2))));
         let job = store.get_job(next).await.unwrap();
         assert_eq!((job.state, job.lock_fence), (State::Running, Some(2)));
+        // Every move counted once (on Postgres this cycle runs on a pooled
+        // connection, where the count trigger counts its moves).
+        assert_eq!(
+            nonzero_counts(&store).await,
+            vec![
+                (State::Queued, 1),
+                (State::Running, 1),
+                (State::Succeeded, 1)
+            ]
+        );
     }
 );
 

@@ -1,8 +1,7 @@
-//! Cycles over a queue that mixes jobs with and without a target, and
-//! cycles with a failure among their finishes: whichever way a backend
-//! writes them (on Postgres, a lean statement for what needs no lock and
-//! the cycle function for the rest), each job gets the same moves, locks
-//! and counts.
+//! Cycles over a queue that mixes jobs with and without a target:
+//! whichever way a backend writes them (on Postgres, a lean statement for
+//! what needs no lock and the cycle function for the rest), each job gets
+//! the same moves, locks and counts.
 
 use jobdeck::job::{StalePolicy, State};
 use jobdeck::store::{CycleOutcome, CycleRequest, Outcome, Store};
@@ -123,55 +122,3 @@ contract_test!(
         );
     }
 );
-
-contract_test!(cycle_with_a_failure_counts_every_move, |store| async move {
-    let sp = spec(LONG, StalePolicy::Hold);
-    let (ok, _) = running_job(&store, "w-1", "p", None, sp).await;
-    let (bad, _) = running_job(&store, "w-1", "p", None, sp).await;
-    let (gave_up, _) = running_job(&store, "w-1", "p", None, sp).await;
-    let next = enqueue(&store, "p", None).await;
-    let req = CycleRequest {
-        finishes: vec![
-            (ok, Outcome::Succeeded),
-            (
-                bad,
-                Outcome::Failed {
-                    error: "boom".into(),
-                    retry: true,
-                },
-            ),
-            (
-                gave_up,
-                Outcome::Failed {
-                    error: "no point".into(),
-                    retry: false,
-                },
-            ),
-        ],
-        claim: Some(claim_req("w-1", &["p"], 3, LONG)),
-        specs: vec![("p".into(), sp)],
-    };
-    let out = store.cycle(&req, "w-1").await.unwrap();
-    let finished: Vec<State> = out.finished.iter().map(|f| *f.as_ref().unwrap()).collect();
-    assert_eq!(
-        finished,
-        vec![State::Succeeded, State::Queued, State::Failed]
-    );
-    assert_eq!(out.claimed.len(), 1, "the retry waits for its backoff");
-    assert_eq!(out.claimed[0].job.id, next);
-    let expected = states_of(&store, &[ok.id, bad.id, gave_up.id, next]).await;
-    assert_eq!(
-        expected,
-        vec![
-            (State::Queued, 1),
-            (State::Running, 1),
-            (State::Succeeded, 1),
-            (State::Failed, 1)
-        ]
-    );
-    assert_eq!(
-        nonzero_counts(&store).await,
-        expected,
-        "each move counted once"
-    );
-});

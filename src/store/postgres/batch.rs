@@ -14,7 +14,7 @@ use sqlx::{Connection, PgConnection, Row};
 
 use super::lean_cycle::{self, Lean};
 use super::worker::{claim_in, claim_window, finish_in, start_in};
-use super::{PgStore, ms, rows};
+use super::{PgStore, SpecColumns, ms, rows};
 use crate::job::{self, Job, State};
 use crate::store::{
     ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome,
@@ -189,6 +189,7 @@ async fn cycle_in_one_call(
         None => (&[][..], 0, Duration::ZERO),
     };
     let limit = i64::try_from(limit).unwrap_or(i64::MAX / 16);
+    let specs = SpecColumns::of(&req.specs);
     let rows = sqlx::query(concat!(
         "SELECT ",
         job_cols!(),
@@ -201,30 +202,10 @@ async fn cycle_in_one_call(
     .bind(claim_window(limit))
     .bind(limit)
     .bind(ms(claim_lease))
-    .bind(
-        req.specs
-            .iter()
-            .map(|(p, _)| p.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        req.specs
-            .iter()
-            .map(|(_, s)| ms(s.lease))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        req.specs
-            .iter()
-            .map(|(_, s)| s.on_stale.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        req.specs
-            .iter()
-            .map(|(_, s)| ms(s.backoff))
-            .collect::<Vec<_>>(),
-    )
+    .bind(&specs.pipelines)
+    .bind(&specs.lease_ms)
+    .bind(&specs.on_stale)
+    .bind(&specs.backoff_ms)
     .fetch_all(&mut *conn)
     .await?;
     read_cycle(&rows, &req.finishes)

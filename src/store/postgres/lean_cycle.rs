@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 
-use super::ms;
+use super::{SpecColumns, ms};
 use crate::job::{self, State};
 use crate::store::{CycleRequest, Result, StoreError, successes};
 
@@ -84,6 +84,7 @@ pub(super) async fn cycle(
         Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
         None => (&[][..], 0, 0),
     };
+    let specs = SpecColumns::of(&req.specs);
     // `settings` is read once, before either write: on a session where
     // the count trigger would count the moves too, the statement stops.
     // The successes are found by `id = ANY ($1)` on the primary key, so
@@ -163,30 +164,10 @@ pub(super) async fn cycle(
     .bind(pipelines)
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
     .bind(claim_lease)
-    .bind(
-        req.specs
-            .iter()
-            .map(|(p, _)| p.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        req.specs
-            .iter()
-            .map(|(_, s)| ms(s.lease))
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        req.specs
-            .iter()
-            .map(|(_, s)| s.on_stale.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        req.specs
-            .iter()
-            .map(|(_, s)| ms(s.backoff))
-            .collect::<Vec<_>>(),
-    )
+    .bind(&specs.pipelines)
+    .bind(&specs.lease_ms)
+    .bind(&specs.on_stale)
+    .bind(&specs.backoff_ms)
     .fetch_all(&mut *conn)
     .await;
     match rows {

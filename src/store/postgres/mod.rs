@@ -155,6 +155,26 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A cycle's start specs as the four array parameters both cycle
+/// statements take, by pipeline: lease (ms), `on_stale`, backoff (ms).
+struct SpecColumns<'a> {
+    pipelines: Vec<&'a str>,
+    lease_ms: Vec<i64>,
+    on_stale: Vec<&'a str>,
+    backoff_ms: Vec<i64>,
+}
+
+impl<'a> SpecColumns<'a> {
+    fn of(specs: &'a [(String, StartSpec)]) -> Self {
+        SpecColumns {
+            pipelines: specs.iter().map(|(p, _)| p.as_str()).collect(),
+            lease_ms: specs.iter().map(|(_, s)| ms(s.lease)).collect(),
+            on_stale: specs.iter().map(|(_, s)| s.on_stale.as_str()).collect(),
+            backoff_ms: specs.iter().map(|(_, s)| ms(s.backoff)).collect(),
+        }
+    }
+}
+
 #[async_trait]
 impl Backend for PgStore {
     fn kind(&self) -> BackendKind {
