@@ -133,7 +133,7 @@ async fn claim_rest(
     match cycle_in_one_call(conn, &rest, worker).await {
         Ok(rows) => rows.outcome.claimed,
         Err(e) => {
-            tracing::debug!("claim after the lean cycle: {e}");
+            tracing::warn!("claim after the lean cycle: {e}; its slots wait for the next claim");
             Vec::new()
         }
     }

@@ -1,8 +1,9 @@
 //! The common cycle as one plain statement: successes that hold no lock,
 //! and a claim of jobs that need none. `jobdeck_cycle` does the same work
-//! in PL/pgSQL, whose statements, cursor and returned set cost a fifth of
-//! a cycle at 8 slots (pgbench calling each the way the engine does: 14.3k
-//! against 12.0k jobs/s; BENCHMARKS.md, session 14). Everything with a
+//! in PL/pgSQL, whose statements, cursor and returned set cost about a
+//! sixth of a call at 8 slots (pgbench calling each the way the engine
+//! does: 14.3k against 12.0k jobs/s; BENCHMARKS.md, session 14; in the
+//! engine 1.076×). Everything with a
 //! lock to take or free stays with the function:
 //! - a success with a target makes the statement stop with `JDL01`
 //!   (migration 0012) before anything is written, as does a session on
@@ -65,7 +66,8 @@ pub(super) enum Lean {
     /// Written and committed: the rows of the successes, the claimed jobs
     /// and the queued jobs it passed over (which have a target).
     Written(Vec<PgRow>),
-    /// A success holds a lock: nothing was written.
+    /// A success holds a lock, or the session's count trigger is on:
+    /// nothing was written.
     Refused,
 }
 
