@@ -226,10 +226,9 @@ fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<CycleR
     let mut succeeded = HashSet::with_capacity(finishes.len());
     let mut claimed = Vec::with_capacity(rows.len());
     let mut passed_over = 0;
-    let mut met_targets = None;
+    let mut any_target = false;
     for row in rows {
-        let target: Option<&str> = row.try_get("target")?;
-        met_targets = Some(met_targets.unwrap_or(false) || target.is_some());
+        any_target |= row.try_get::<Option<&str>, _>("target")?.is_some();
         // Only the claimed jobs are decoded whole: the engine runs them.
         match rows::state(row.try_get("state")?)? {
             State::Succeeded => {
@@ -267,7 +266,7 @@ fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<CycleR
     Ok(CycleRows {
         outcome: CycleOutcome { finished, claimed },
         passed_over,
-        met_targets,
+        met_targets: (!rows.is_empty()).then_some(any_target),
     })
 }
 
