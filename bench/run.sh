@@ -13,6 +13,9 @@
 #
 # Peers are installed by package name into the cache, never into the repo.
 # Every measurement runs in a fresh database (bench_<row>) dropped afterwards.
+# Runs are interleaved: pass 1 measures every row once, then pass 2, and so
+# on, so that a machine whose speed drifts over the hour weighs on every row
+# alike instead of on whichever rows ran in its slow minutes.
 # Output: a table on stdout, bench/results/latest.json, and the raw JSON lines
 # in bench/results/raw.jsonl (bench/results/ is not committed).
 set -uo pipefail
@@ -61,10 +64,16 @@ fail() { # row reason
   printf '%s\t%s\n' "$1" "$2" >> "$FAILED"
 }
 wanted() { # row name
+  cut -f1 "$FAILED" | grep -qxF "$1" && return 1 # failed in an earlier pass
   [ -z "$ONLY" ] && return 0
   local p
   IFS=, read -ra ps <<< "$ONLY"
   for p in "${ps[@]}"; do [[ "$1" == "$p"* ]] && return 0; done
+  return 1
+}
+wanted_any() { # row names: is any of them wanted?
+  local r
+  for r in "$@"; do wanted "$r" && return 0; done
   return 1
 }
 
@@ -126,56 +135,53 @@ fresh_db() { # name
   createdb "$1" >> "$LOG" 2>&1
 }
 
-# measure ROW DB|"" COMMAND...: runs COMMAND $RUNS times (with {URL} replaced
-# by a fresh database's URL when DB is given), keeps each JSON line.
+# measure ROW DB|"" COMMAND...: runs COMMAND once, as run $PASS of $RUNS
+# (with {URL} replaced by a fresh database's URL when DB is given), keeps its
+# JSON line.
 measure() {
   local row="$1" db="$2"; shift 2
   wanted "$row" || return 0
-  local i out rc args
-  for ((i = 1; i <= RUNS; i++)); do
-    say "$row: run $i/$RUNS"
-    settle
-    args=()
-    if [ -n "$db" ]; then
-      if ! fresh_db "$db"; then fail "$row" "createdb $db failed"; return; fi
-      for a in "$@"; do args+=("${a//\{URL\}/$PG_BASE/$db}"); done
-    else
-      args=("$@")
-    fi
-    out="$(timeout "$RUN_LIMIT" "${args[@]}" 2>> "$LOG")"
-    rc=$?
-    [ -n "$db" ] && dropdb --if-exists "$db" >> "$LOG" 2>&1
-    local line
-    line="$(grep '^{' <<< "$out" | tail -n 1)"
-    if [ $rc -ne 0 ] || [ -z "$line" ]; then
-      [ $rc -eq 124 ] && fail "$row" "timed out after ${RUN_LIMIT}s" || fail "$row" "exit $rc, no result (see $LOG)"
-      return
-    fi
-    printf '{"row":"%s","run":%d,"result":%s}\n' "$row" "$i" "$line" >> "$RAW"
-  done
+  local i="$PASS" out rc args
+  say "$row: run $i/$RUNS"
+  settle
+  args=()
+  if [ -n "$db" ]; then
+    if ! fresh_db "$db"; then fail "$row" "createdb $db failed"; return; fi
+    for a in "$@"; do args+=("${a//\{URL\}/$PG_BASE/$db}"); done
+  else
+    args=("$@")
+  fi
+  out="$(timeout "$RUN_LIMIT" "${args[@]}" 2>> "$LOG")"
+  rc=$?
+  [ -n "$db" ] && dropdb --if-exists "$db" >> "$LOG" 2>&1
+  local line
+  line="$(grep '^{' <<< "$out" | tail -n 1)"
+  if [ $rc -ne 0 ] || [ -z "$line" ]; then
+    [ $rc -eq 124 ] && fail "$row" "timed out after ${RUN_LIMIT}s" || fail "$row" "exit $rc, no result (see $LOG)"
+    return
+  fi
+  printf '{"row":"%s","run":%d,"result":%s}\n' "$row" "$i" "$line" >> "$RAW"
 }
 
 pgbench_row() { # row clients
-  local row="$1" c="$2" i
+  local row="$1" c="$2" i="$PASS"
   wanted "$row" || return 0
   local script="$CACHE/pgbench-update.sql"
   # One row per transaction, spread over 100,000 rows: independent commits,
   # like jobs on different rows, so group commit can work.
   printf '\\set aid random(1, 100000)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n' > "$script"
-  for ((i = 1; i <= RUNS; i++)); do
-    say "$row: run $i/$RUNS"
-    fresh_db bench_pgbench || { fail "$row" "createdb failed"; return; }
-    pgbench -i -q -s 1 bench_pgbench >> "$LOG" 2>&1
-    settle
-    local out tps lat
-    out="$(pgbench -n -c "$c" -j "$((c < 2 ? 1 : 2))" -T "$PGBENCH_S" -f "$script" bench_pgbench 2>> "$LOG")"
-    dropdb --if-exists bench_pgbench >> "$LOG" 2>&1
-    tps="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$out")"
-    lat="$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<< "$out")"
-    if [ -z "$tps" ]; then fail "$row" "pgbench printed no tps (see $LOG)"; return; fi
-    printf '{"row":"%s","run":%d,"result":{"backend":"pgbench","slots":%d,"process_per_s":%s,"latency_avg_ms":%s}}\n' \
-      "$row" "$i" "$c" "$tps" "${lat:-null}" >> "$RAW"
-  done
+  say "$row: run $i/$RUNS"
+  fresh_db bench_pgbench || { fail "$row" "createdb failed"; return; }
+  pgbench -i -q -s 1 bench_pgbench >> "$LOG" 2>&1
+  settle
+  local out tps lat
+  out="$(pgbench -n -c "$c" -j "$((c < 2 ? 1 : 2))" -T "$PGBENCH_S" -f "$script" bench_pgbench 2>> "$LOG")"
+  dropdb --if-exists bench_pgbench >> "$LOG" 2>&1
+  tps="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$out")"
+  lat="$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' <<< "$out")"
+  if [ -z "$tps" ]; then fail "$row" "pgbench printed no tps (see $LOG)"; return; fi
+  printf '{"row":"%s","run":%d,"result":{"backend":"pgbench","slots":%d,"process_per_s":%s,"latency_avg_ms":%s}}\n' \
+    "$row" "$i" "$c" "$tps" "${lat:-null}" >> "$RAW"
 }
 
 # floor_row ROW CLIENTS BATCH: bench/floor.sql through pgbench on a fresh
@@ -184,35 +190,33 @@ pgbench_row() { # row clients
 # need, to finish the last batch). process/s = jobs finished / elapsed:
 # clients that skip each other's rows may leave a few jobs unfinished.
 floor_row() {
-  local row="$1" c="$2" batch="$3" i
+  local row="$1" c="$2" batch="$3" i="$PASS"
   wanted "$row" || return 0
-  [ -n "$JOBDECK" ] || setup_jobdeck || return 0
+  [ -n "$JOBDECK" ] || return 0
   local script="$CACHE/floor-$batch.sql" db=bench_floor
   sed "s/LIMIT BATCH/LIMIT $batch/" "$BENCH/floor.sql" > "$script"
   local tx=$((JOBS / (c * batch) + 1))
-  for ((i = 1; i <= RUNS; i++)); do
-    say "$row: run $i/$RUNS"
-    fresh_db "$db" || { fail "$row" "createdb failed"; return; }
-    if ! "$JOBDECK" --db "$PG_BASE/$db" migrate >> "$LOG" 2>&1 ||
-      ! psql -q -v ON_ERROR_STOP=1 -d "$db" >> "$LOG" 2>&1 <<SQL; then
+  say "$row: run $i/$RUNS"
+  fresh_db "$db" || { fail "$row" "createdb failed"; return; }
+  if ! "$JOBDECK" --db "$PG_BASE/$db" migrate >> "$LOG" 2>&1 ||
+    ! psql -q -v ON_ERROR_STOP=1 -d "$db" >> "$LOG" 2>&1 <<SQL; then
 ALTER TABLE jobs DISABLE TRIGGER USER;
 INSERT INTO jobs (pipeline, state, due_at) SELECT 'noop', 'queued', now() FROM generate_series(1, $JOBS);
 VACUUM ANALYZE jobs;
 SQL
-      fail "$row" "schema or jobs setup failed (see $LOG)"; return
-    fi
-    settle
-    local out tps finished
-    out="$(pgbench -n -M prepared -c "$c" -j "$c" -t "$tx" -f "$script" "$db" 2>> "$LOG")"
-    finished="$(psql -Atq -d "$db" -c "SELECT count(*) FROM jobs WHERE state = 'succeeded'" 2>> "$LOG")"
-    dropdb --if-exists "$db" >> "$LOG" 2>&1
-    tps="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$out")"
-    if [ -z "$tps" ] || [ "${finished:-0}" -eq 0 ]; then
-      fail "$row" "pgbench printed no tps or finished no job (see $LOG)"; return
-    fi
-    printf '{"row":"%s","run":%d,"result":{"backend":"floor","slots":%d,"process_per_s":%s}}\n' \
-      "$row" "$i" "$((c * batch))" "$(python3 -c "print(round($tps * $finished / ($c * $tx), 1))")" >> "$RAW"
-  done
+    fail "$row" "schema or jobs setup failed (see $LOG)"; return
+  fi
+  settle
+  local out tps finished
+  out="$(pgbench -n -M prepared -c "$c" -j "$c" -t "$tx" -f "$script" "$db" 2>> "$LOG")"
+  finished="$(psql -Atq -d "$db" -c "SELECT count(*) FROM jobs WHERE state = 'succeeded'" 2>> "$LOG")"
+  dropdb --if-exists "$db" >> "$LOG" 2>&1
+  tps="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$out")"
+  if [ -z "$tps" ] || [ "${finished:-0}" -eq 0 ]; then
+    fail "$row" "pgbench printed no tps or finished no job (see $LOG)"; return
+  fi
+  printf '{"row":"%s","run":%d,"result":{"backend":"floor","slots":%d,"process_per_s":%s}}\n' \
+    "$row" "$i" "$((c * batch))" "$(python3 -c "print(round($tps * $finished / ($c * $tx), 1))")" >> "$RAW"
 }
 
 {
@@ -220,54 +224,60 @@ SQL
 } > "$RESULTS/machine.txt"
 say "jobs=$JOBS concurrency=$CONC runs=$RUNS latency_jobs=$LAT_JOBS load=$(cut -d' ' -f1-3 /proc/loadavg)"
 
-# References first: they need nothing installed.
-pgbench_row pgbench-c8 "$CONC"
-pgbench_row pgbench-c1 1
-if wanted sqlite-wal-update; then
-  measure sqlite-wal-update "" python3 "$BENCH/peers/sqlite_update.py" --seconds "$SQLITE_S"
+# Install first (each once), then measure in passes.
+HAVE_JOBDECK=0 HAVE_PY=0 HAVE_NODE=0 HAVE_RUST=0
+if wanted_any jobdeck-postgres jobdeck-postgres-t100 jobdeck-sqlite jobdeck-sqlite-t100 floor-1x8 floor-2x4 &&
+  setup_jobdeck; then HAVE_JOBDECK=1; fi
+if wanted pgqueuer-postgres; then
+  if setup_python; then HAVE_PY=1; else fail pgqueuer-postgres "pip install pgqueuer failed (see $LOG)"; fi
 fi
-
-if { wanted jobdeck-postgres || wanted jobdeck-sqlite; } && setup_jobdeck; then
-  JD=("$JOBDECK" bench --jobs "$JOBS" --slots "$CONC" --latency-jobs "$LAT_JOBS" --json)
-  measure jobdeck-postgres bench_jobdeck "${JD[@]}" --db "{URL}"
-  measure jobdeck-postgres-t100 bench_jobdeck "${JD[@]}" --db "{URL}" --targets 100
-  measure jobdeck-sqlite "" "${JD[@]}"
-  measure jobdeck-sqlite-t100 "" "${JD[@]}" --targets 100
-fi
-floor_row floor-1x8 1 "$CONC"
-floor_row floor-2x4 2 "$((CONC / 2))"
-
-PEER=(--jobs "$JOBS" --concurrency "$CONC" --latency-jobs "$LAT_JOBS")
-if wanted pgqueuer; then
-  if setup_python; then
-    measure pgqueuer-postgres bench_pgqueuer "$PY" "$BENCH/peers/pgqueuer_peer.py" --url "{URL}" "${PEER[@]}"
-  else fail pgqueuer-postgres "pip install pgqueuer failed (see $LOG)"; fi
-fi
-if wanted pgboss || wanted graphile; then
-  if setup_node; then
-    measure pgboss-postgres bench_pgboss "$NODE" "$CACHE/node/pgboss_peer.mjs" --url "{URL}" "${PEER[@]}"
-    measure graphile-postgres bench_graphile "$NODE" "$CACHE/node/graphile_peer.mjs" --url "{URL}" "${PEER[@]}"
-  else
+if wanted_any pgboss-postgres graphile-postgres; then
+  if setup_node; then HAVE_NODE=1; else
     fail pgboss-postgres "npm install failed (see $LOG)"
     fail graphile-postgres "npm install failed (see $LOG)"
   fi
 fi
-if wanted apalis || wanted river; then
-  if setup_rust; then
-    SQ="$(mktemp -d)"
+if wanted_any river-postgres river-sqlite apalis-postgres apalis-sqlite; then
+  if setup_rust; then HAVE_RUST=1; else
+    for r in river-postgres river-sqlite apalis-postgres apalis-sqlite; do
+      wanted "$r" && fail "$r" "cargo build of bench/peers/rust failed (see $LOG)"
+    done
+  fi
+fi
+
+JD=("$JOBDECK" bench --jobs "$JOBS" --slots "$CONC" --latency-jobs "$LAT_JOBS" --json)
+PEER=(--jobs "$JOBS" --concurrency "$CONC" --latency-jobs "$LAT_JOBS")
+SQ="$(mktemp -d)"
+trap 'rm -rf "$SQ"' EXIT
+for ((PASS = 1; PASS <= RUNS; PASS++)); do
+  # References first: they need nothing installed.
+  pgbench_row pgbench-c8 "$CONC"
+  pgbench_row pgbench-c1 1
+  measure sqlite-wal-update "" python3 "$BENCH/peers/sqlite_update.py" --seconds "$SQLITE_S"
+  if [ "$HAVE_JOBDECK" = 1 ]; then
+    measure jobdeck-postgres bench_jobdeck "${JD[@]}" --db "{URL}"
+    measure jobdeck-postgres-t100 bench_jobdeck "${JD[@]}" --db "{URL}" --targets 100
+    measure jobdeck-sqlite "" "${JD[@]}"
+    measure jobdeck-sqlite-t100 "" "${JD[@]}" --targets 100
+    floor_row floor-1x8 1 "$CONC"
+    floor_row floor-2x4 2 "$((CONC / 2))"
+  fi
+  if [ "$HAVE_PY" = 1 ]; then
+    measure pgqueuer-postgres bench_pgqueuer "$PY" "$BENCH/peers/pgqueuer_peer.py" --url "{URL}" "${PEER[@]}"
+  fi
+  if [ "$HAVE_NODE" = 1 ]; then
+    measure pgboss-postgres bench_pgboss "$NODE" "$CACHE/node/pgboss_peer.mjs" --url "{URL}" "${PEER[@]}"
+    measure graphile-postgres bench_graphile "$NODE" "$CACHE/node/graphile_peer.mjs" --url "{URL}" "${PEER[@]}"
+  fi
+  if [ "$HAVE_RUST" = 1 ]; then
     measure river-postgres bench_river "$RUST_BIN/river_peer" --backend postgres --url "{URL}" "${PEER[@]}"
     measure river-sqlite "" bash -c 'rm -f "$0"/r.db*; exec "$@" --url "sqlite://$0/r.db"' "$SQ" \
       "$RUST_BIN/river_peer" --backend sqlite "${PEER[@]}"
     measure apalis-postgres bench_apalis "$RUST_BIN/apalis_peer" --backend postgres --url "{URL}" "${PEER[@]}"
     measure apalis-sqlite "" bash -c 'rm -f "$0"/a.db*; exec "$@" --url "sqlite://$0/a.db?mode=rwc"' "$SQ" \
       "$RUST_BIN/apalis_peer" --backend sqlite "${PEER[@]}"
-    rm -rf "$SQ"
-  else
-    for r in river-postgres river-sqlite apalis-postgres apalis-sqlite; do
-      wanted "$r" && fail "$r" "cargo build of bench/peers/rust failed (see $LOG)"
-    done
   fi
-fi
+done
 
 echo "load_after=$(cut -d' ' -f1-3 /proc/loadavg)" >> "$RESULTS/machine.txt"
 python3 "$BENCH/summarize.py" --raw "$RAW" --failed "$FAILED" --machine "$RESULTS/machine.txt" \
