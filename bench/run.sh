@@ -226,7 +226,7 @@ say "jobs=$JOBS concurrency=$CONC runs=$RUNS latency_jobs=$LAT_JOBS load=$(cut -
 
 # Install first (each once), then measure in passes.
 HAVE_JOBDECK=0 HAVE_PY=0 HAVE_NODE=0 HAVE_RUST=0
-if wanted_any jobdeck-postgres jobdeck-postgres-t100 jobdeck-sqlite jobdeck-sqlite-t100 floor-1x8 floor-2x4 &&
+if wanted_any jobdeck-postgres jobdeck-postgres-t100 jobdeck-sqlite jobdeck-sqlite-t100 floor-1x8 floor-2x4 floor-sqlite &&
   setup_jobdeck; then HAVE_JOBDECK=1; fi
 if wanted pgqueuer-postgres; then
   if setup_python; then HAVE_PY=1; else fail pgqueuer-postgres "pip install pgqueuer failed (see $LOG)"; fi
@@ -261,6 +261,8 @@ for ((PASS = 1; PASS <= RUNS; PASS++)); do
     measure jobdeck-sqlite-t100 "" "${JD[@]}" --targets 100
     floor_row floor-1x8 1 "$CONC"
     floor_row floor-2x4 2 "$((CONC / 2))"
+    measure floor-sqlite "" python3 "$BENCH/peers/sqlite_floor.py" --jobdeck "$JOBDECK" \
+      --jobs "$JOBS" --batch "$CONC"
   fi
   if [ "$HAVE_PY" = 1 ]; then
     measure pgqueuer-postgres bench_pgqueuer "$PY" "$BENCH/peers/pgqueuer_peer.py" --url "{URL}" "${PEER[@]}"

@@ -28,6 +28,7 @@ ROWS = [
     ("apalis-sqlite", "apalis 1.0, SQLite", "jobdeck-sqlite"),
     ("river-sqlite", "riverqueue 0.5, SQLite (cooldown 1 ms)", "jobdeck-sqlite"),
     ("sqlite-wal-update", "SQLite WAL 1-row UPDATE tx", "jobdeck-sqlite"),
+    ("floor-sqlite", "floor: peers/sqlite_floor.py, 8 jobs per tx", "jobdeck-sqlite"),
 ]
 
 
@@ -123,7 +124,8 @@ def main():
         "jobdeck ÷ = jobdeck's process/s (same backend, no targets) divided by the row's;",
         "'x own' = a jobdeck variant's process/s as a fraction of its no-target figure.",
         "pgbench rows: process/s = transactions/s; ~p50 = pgbench's average latency per transaction.",
-        "floor rows: the contract's row writes per no-op job, no engine (see bench/floor.sql); process/s = jobs/s.",
+        "floor rows: the contract's row writes per no-op job, no engine (see bench/floor.sql and "
+        "bench/peers/sqlite_floor.py); process/s = jobs/s.",
     ]
     table = "\n".join(lines + [""] + notes)
     print(table)
