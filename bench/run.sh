@@ -192,7 +192,6 @@ pgbench_row() { # row clients
 floor_row() {
   local row="$1" c="$2" batch="$3" i="$PASS"
   wanted "$row" || return 0
-  [ -n "$JOBDECK" ] || return 0
   local script="$CACHE/floor-$batch.sql" db=bench_floor
   sed "s/LIMIT BATCH/LIMIT $batch/" "$BENCH/floor.sql" > "$script"
   local tx=$((JOBS / (c * batch) + 1))
