@@ -92,13 +92,17 @@ def produce_cli(a, jd):
 
 
 # The statements of PgStore::enqueue_job (src/store/postgres/enqueue.rs):
-# the job row, its 'enqueued' event and the NOTIFY, committed together, in
-# one round trip instead of three; then the clock once the commit is back.
+# the job row, its 'enqueued' event, its state count (the count trigger
+# steps aside) and the NOTIFY, committed together, in one round trip
+# instead of three; then the clock once the commit is back.
 PSQL_JOB = f"""BEGIN;
-WITH j AS (INSERT INTO jobs (pipeline, state, priority, due_at, max_attempts)
-           VALUES ('{PIPELINE}', 'queued', 0, now(), 3) RETURNING id),
+WITH c AS MATERIALIZED (SELECT set_config('jobdeck.cycle_counts', 'on', true)),
+     j AS (INSERT INTO jobs (pipeline, state, priority, due_at, max_attempts)
+           SELECT '{PIPELINE}', 'queued', 0, now(), 3 FROM c RETURNING id),
      e AS (INSERT INTO job_events (job_id, from_state, to_state, actor, detail)
-           SELECT id, NULL, 'queued', '{ACTOR}', 'enqueued' FROM j)
+           SELECT id, NULL, 'queued', '{ACTOR}', 'enqueued' FROM j),
+     n AS (INSERT INTO job_state_deltas (state, n)
+           SELECT 'queued', count(*) FROM j HAVING count(*) > 0)
 SELECT 'job', id, extract(epoch FROM clock_timestamp()), pg_notify('jobdeck_jobs', '{PIPELINE}') FROM j;
 COMMIT;
 SELECT 'committed', extract(epoch FROM clock_timestamp());

@@ -212,3 +212,32 @@ contract_test!(state_counts_follow_every_move, |store| async move {
     );
     counts_match(&store, "prune_finished").await;
 });
+
+// On Postgres a single enqueue counts its own job and the count trigger
+// steps aside for it (migration 0013); a bulk enqueue right after, on the
+// same pool, still counts through the trigger, so the setting that tells
+// the trigger to step aside must end with the single enqueue's statement.
+// A deduplicated enqueue writes no job and counts none.
+contract_test!(
+    state_counts_follow_single_and_bulk_enqueues,
+    |store| async move {
+        let keyed = || NewJob {
+            unique_key: Some("nightly".into()),
+            ..new_job("p", None)
+        };
+        for round in 0..6 {
+            enqueue(&store, "p", None).await;
+            let bulk: Vec<NewJob> = (0..3).map(|_| new_job("q", None)).collect();
+            store.enqueue_many(bulk, OPERATOR).await.unwrap();
+            let first = store.enqueue(keyed(), OPERATOR).await.unwrap();
+            let again = store.enqueue(keyed(), OPERATOR).await.unwrap();
+            assert_eq!(
+                (first.deduplicated, again.deduplicated, again.id),
+                (round > 0, true, first.id),
+                "round {round}"
+            );
+            counts_match(&store, &format!("round {round}")).await;
+        }
+        assert_eq!(real_counts(&store).await[&State::Queued], 6 * 4 + 1);
+    }
+);
