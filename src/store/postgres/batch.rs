@@ -1,6 +1,7 @@
 //! Group commit: many starts or finishes in one transaction, and the
 //! engine's cycle (finish, claim, start in one commit: when its finishes
-//! are all successes, one call of the server-side `jobdeck_cycle`). Starts,
+//! are all successes, one plain statement, `lean_cycle` or `lock_cycle`).
+//! Starts,
 //! with or without a target, and successes finish in set-based statements;
 //! everything else goes through the per-job path of `worker.rs` inside the
 //! same transaction, each write all or nothing.
@@ -13,6 +14,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection, Row};
 
 use super::lean_cycle::{self, Lean};
+use super::lock_cycle;
 use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, SpecColumns, ms, rows};
 use crate::job::{self, Job, State};
@@ -52,8 +54,8 @@ impl PgStore {
     /// locked by this transaction until it commits, so their starts need
     /// no further row locks. A cycle of successes runs on one of the
     /// engine's own connections (`engine_conn`), in one statement when
-    /// no lock is involved (`lean_cycle`), else in one call of
-    /// `jobdeck_cycle`; one with a failure runs statement by statement on
+    /// no lock is involved (`lean_cycle`), else in one statement with
+    /// locks (`lock_cycle`); one with a failure runs statement by statement on
     /// a pooled connection, where the count trigger counts its moves.
     pub(super) async fn cycle_jobs(
         &self,
@@ -71,7 +73,7 @@ impl PgStore {
     }
 
     /// The lean statement while no lock has come its way, else (and for
-    /// what it passes over) the function.
+    /// what it passes over) the statement with locks.
     async fn cycle_of_successes(
         &self,
         conn: &mut PgConnection,
@@ -101,7 +103,8 @@ impl PgStore {
                 Lean::Refused => self.lean.saw_targets(true),
             }
         }
-        let rows = cycle_in_one_call(conn, req, worker).await?;
+        let rows = cycle_with_locks(conn, req, worker).await?;
+        self.lean.written(&self.pool);
         if let Some(met) = rows.met_targets {
             self.lean.saw_targets(met);
         }
@@ -130,7 +133,7 @@ async fn claim_rest(
         }),
         specs: req.specs.clone(),
     };
-    match cycle_in_one_call(conn, &rest, worker).await {
+    match cycle_with_locks(conn, &rest, worker).await {
         Ok(rows) => rows.outcome.claimed,
         Err(e) => {
             tracing::warn!("claim after the lean cycle: {e}; its slots wait for the next claim");
@@ -160,6 +163,20 @@ async fn cycle_in_parts(
         finished,
         claimed: pair_starts(jobs, startable, answers),
     })
+}
+
+/// A cycle whose finishes are all successes, where a lock may be taken or
+/// freed: one plain statement (`lock_cycle`), or `jobdeck_cycle` on a
+/// session where that statement refuses to run.
+async fn cycle_with_locks(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<CycleRows> {
+    match lock_cycle::cycle(conn, req, worker).await? {
+        Lean::Written(rows) => read_cycle(&rows, &req.finishes),
+        Lean::Refused => cycle_in_one_call(conn, req, worker).await,
+    }
 }
 
 /// A cycle whose finishes are all successes, where a lock may be taken or

@@ -43,6 +43,7 @@ mod batch;
 mod engine_conn;
 mod enqueue;
 mod lean_cycle;
+mod lock_cycle;
 mod notices;
 mod operator;
 mod reads;
