@@ -71,31 +71,48 @@ pub(super) enum Lean {
     Refused,
 }
 
-/// Finish the request's successes (all of its finishes must be) and claim
-/// into its limit, in one statement and its own commit.
-pub(super) async fn cycle(
-    conn: &mut PgConnection,
-    req: &CycleRequest,
-    worker: &str,
-) -> Result<Lean> {
-    let done = successes(&req.finishes);
-    if let Some(first) = done.first() {
-        job::check(first.id, State::Running, job::Move::Succeed)?;
-    }
-    let (pipelines, limit, claim_lease) = match &req.claim {
-        Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
-        None => (&[][..], 0, 0),
+/// The last parts of both cycle statements (this module's and
+/// `lock_cycle`'s), up to their final `SELECT`: the claim's events (each
+/// claimed job queued → leased, a started one leased → running with its
+/// attempt and fence) and the cycle's moves, netted into one delta row
+/// per state it changed. Parameter $3: the worker.
+macro_rules! claim_logged_and_counted {
+    () => {
+        "claim_logged AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT c.id, e.from_state, e.to_state, $3, e.detail \
+             FROM claimed c CROSS JOIN LATERAL (VALUES \
+                 (1, 'queued', 'leased', ''), \
+                 (2, 'leased', 'running', \
+                  'attempt ' || c.attempt || coalesce(', fence ' || c.lock_fence, '')) \
+             ) AS e(n, from_state, to_state, detail) \
+             WHERE e.n = 1 OR c.state = 'running' \
+             ORDER BY c.id, e.n \
+         ), moved AS MATERIALIZED ( \
+             SELECT (SELECT count(*) FROM done) AS done, \
+                    (SELECT count(*) FROM claimed WHERE state = 'running') AS started, \
+                    (SELECT count(*) FROM claimed WHERE state = 'leased') AS leased \
+         ), counted AS ( \
+             INSERT INTO job_state_deltas (state, n) \
+             SELECT d.state, d.n FROM moved m CROSS JOIN LATERAL (VALUES \
+                 ('running', m.started - m.done), ('succeeded', m.done), \
+                 ('leased', m.leased), ('queued', -m.started - m.leased)) AS d(state, n) \
+             WHERE d.n <> 0 \
+         ) \
+         SELECT "
     };
-    let specs = SpecColumns::of(&req.specs);
-    // `settings` is read once, before either write: on a session where
-    // the count trigger would count the moves too, the statement stops.
-    // The successes are found by `id = ANY ($1)` on the primary key, so
-    // they are locked in id order, as the renewal locks them. Their state
-    // is checked on the row (`IS TRUE` keeps it from being an index
-    // condition): through `jobs_state` the scan would walk every entry of
-    // the running range, one per job run since the last vacuum.
-    let rows = sqlx::query(concat!(
-        "WITH settings AS MATERIALIZED ( \
+}
+pub(super) use claim_logged_and_counted;
+
+/// The statement. `settings` is read once, before either write: on a
+/// session where the count trigger would count the moves too, the
+/// statement stops. The successes are found by `id = ANY ($1)` on the
+/// primary key, so they are locked in id order, as the renewal locks
+/// them. Their state is checked on the row (`IS TRUE` keeps it from being
+/// an index condition): through `jobs_state` the scan would walk every
+/// entry of the running range, one per job run since the last vacuum.
+const STATEMENT: &str = concat!(
+    "WITH settings AS MATERIALIZED ( \
              SELECT current_setting('jobdeck.cycle_counts', true) IS NOT DISTINCT FROM 'on' \
                  OR jobdeck_lean_cycle_refuses('the count trigger is on') AS counting \
          ), done AS ( \
@@ -132,78 +149,91 @@ pub(super) async fn cycle(
              FROM picked p CROSS JOIN LATERAL (SELECT array_position($7::text[], p.pipeline) AS i) s \
              WHERE jobs.id = p.id AND p.target IS NULL \
              RETURNING jobs.* \
-         ), claim_logged AS ( \
-             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
-             SELECT c.id, e.from_state, e.to_state, $3, e.detail \
-             FROM claimed c CROSS JOIN LATERAL (VALUES \
-                 (1, 'queued', 'leased', ''), \
-                 (2, 'leased', 'running', 'attempt ' || c.attempt) \
-             ) AS e(n, from_state, to_state, detail) \
-             WHERE e.n = 1 OR c.state = 'running' \
-             ORDER BY c.id, e.n \
-         ), moved AS MATERIALIZED ( \
-             SELECT (SELECT count(*) FROM done) AS done, \
-                    (SELECT count(*) FROM claimed WHERE state = 'running') AS started, \
-                    (SELECT count(*) FROM claimed WHERE state = 'leased') AS leased \
-         ), counted AS ( \
-             INSERT INTO job_state_deltas (state, n) \
-             SELECT d.state, d.n FROM moved m CROSS JOIN LATERAL (VALUES \
-                 ('running', m.started - m.done), ('succeeded', m.done), \
-                 ('leased', m.leased), ('queued', -m.started - m.leased)) AS d(state, n) \
-             WHERE d.n <> 0 \
-         ) \
-         SELECT ",
-        job_cols!(),
-        " FROM ( \
+         ), ",
+    claim_logged_and_counted!(),
+    job_cols!(),
+    " FROM ( \
              SELECT * FROM done \
              UNION ALL SELECT * FROM claimed \
              UNION ALL SELECT * FROM picked WHERE target IS NOT NULL \
          ) r ORDER BY priority DESC, due_at, id"
-    ))
-    .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
-    .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
-    .bind(worker)
-    .bind(pipelines)
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .bind(claim_lease)
-    .bind(&specs.pipelines)
-    .bind(&specs.lease_ms)
-    .bind(&specs.on_stale)
-    .bind(&specs.backoff_ms)
-    .fetch_all(&mut *conn)
-    .await;
-    match rows {
+);
+
+/// Finish the request's successes (all of its finishes must be) and claim
+/// into its limit, in one statement and its own commit.
+pub(super) async fn cycle(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<Lean> {
+    send(conn, STATEMENT, None, req, worker).await
+}
+
+/// Send a cycle's statement, this module's or `lock_cycle`'s, which share
+/// their parameters: $1 the successes' ids, $2 their lease tokens, $3 the
+/// worker, $4 the claim's pipelines, $5 its limit, $6 its lease (ms), $7
+/// to $10 the start specs' columns, and `lock_cycle`'s $11, the claim's
+/// window of candidates (`extra`).
+pub(super) async fn send(
+    conn: &mut PgConnection,
+    statement: &'static str,
+    extra: Option<i64>,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<Lean> {
+    let done = successes(&req.finishes);
+    if let Some(first) = done.first() {
+        job::check(first.id, State::Running, job::Move::Succeed)?;
+    }
+    let (pipelines, limit, claim_lease) = match &req.claim {
+        Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
+        None => (&[][..], 0, 0),
+    };
+    let specs = SpecColumns::of(&req.specs);
+    let mut query = sqlx::query(statement)
+        .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
+        .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
+        .bind(worker)
+        .bind(pipelines)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(claim_lease)
+        .bind(&specs.pipelines)
+        .bind(&specs.lease_ms)
+        .bind(&specs.on_stale)
+        .bind(&specs.backoff_ms);
+    if let Some(extra) = extra {
+        query = query.bind(extra);
+    }
+    match query.fetch_all(&mut *conn).await {
         Ok(rows) => Ok(Lean::Written(rows)),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("JDL01") => Ok(Lean::Refused),
         Err(e) => Err(StoreError::from(e)),
     }
 }
 
+/// What the tests of this module and of `lock_cycle` share.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(super) mod testing {
     use crate::store::postgres::PgStore;
-    use crate::store::{Backend, ClaimRequest, NewJob, scratch};
+    use crate::store::{ClaimRequest, CycleRequest, StartSpec, scratch};
 
-    /// On a session where the count trigger counts (any but the engine's
-    /// own), the statement would count its moves twice: it stops before
-    /// writing anything. Needs `JOBDECK_TEST_POSTGRES`, as the Postgres
-    /// tests under `tests/` do.
-    #[tokio::test]
-    async fn on_a_session_whose_trigger_counts_it_writes_nothing() {
+    /// A store on a schema of its own in `JOBDECK_TEST_POSTGRES`'s
+    /// database, with that URL and the schema's name; `None` (said on
+    /// stderr) when the variable is unset, as the Postgres tests under
+    /// `tests/` do.
+    pub async fn scratch_store(name: &str) -> Option<(PgStore, String, String)> {
         let Ok(base) = std::env::var("JOBDECK_TEST_POSTGRES") else {
-            eprintln!("lean cycle test did not run: JOBDECK_TEST_POSTGRES unset");
-            return;
+            eprintln!("{name} did not run: JOBDECK_TEST_POSTGRES unset");
+            return None;
         };
-        let schema = format!("t_lean_{}", std::process::id());
+        let schema = format!("t_{name}_{}", std::process::id());
         let url = scratch::create_pg_schema(&base, &schema).await.unwrap();
-        let store = PgStore::connect(&url).await.unwrap();
-        let job = NewJob {
-            pipeline: "p".into(),
-            ..NewJob::default()
-        };
-        let id = store.enqueue(job, "test").await.unwrap().id;
-        let req = CycleRequest {
+        Some((PgStore::connect(&url).await.unwrap(), base, schema))
+    }
+
+    /// A cycle with nothing to finish that claims one job of `p`.
+    pub fn claim_one(specs: Vec<(String, StartSpec)>) -> CycleRequest {
+        CycleRequest {
             finishes: Vec::new(),
             claim: Some(ClaimRequest {
                 worker: "w".into(),
@@ -211,8 +241,31 @@ mod tests {
                 limit: 1,
                 lease: std::time::Duration::from_secs(60),
             }),
-            specs: Vec::new(),
+            specs,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{claim_one, scratch_store};
+    use super::*;
+    use crate::store::{Backend, NewJob, scratch};
+
+    /// On a session where the count trigger counts (any but the engine's
+    /// own), the statement would count its moves twice: it stops before
+    /// writing anything.
+    #[tokio::test]
+    async fn on_a_session_whose_trigger_counts_it_writes_nothing() {
+        let Some((store, base, schema)) = scratch_store("lean").await else {
+            return;
         };
+        let job = NewJob {
+            pipeline: "p".into(),
+            ..NewJob::default()
+        };
+        let id = store.enqueue(job, "test").await.unwrap().id;
+        let req = claim_one(Vec::new());
         let mut conn = store.pool().acquire().await.unwrap();
         let answer = cycle(&mut conn, &req, "w").await.unwrap();
         assert!(matches!(answer, Lean::Refused));

@@ -22,36 +22,18 @@
 
 use sqlx::PgConnection;
 
-use super::lean_cycle::Lean;
+use super::lean_cycle::{Lean, claim_logged_and_counted, send};
 use super::worker::claim_window;
-use super::{SpecColumns, ms};
-use crate::job::{self, State};
-use crate::store::{CycleRequest, Result, StoreError, successes};
+use crate::store::{CycleRequest, Result};
 
-/// Finish the request's successes (all of its finishes must be) and claim
-/// into its limit, locks included, in one statement and its own commit.
-pub(super) async fn cycle(
-    conn: &mut PgConnection,
-    req: &CycleRequest,
-    worker: &str,
-) -> Result<Lean> {
-    let done = successes(&req.finishes);
-    if let Some(first) = done.first() {
-        job::check(first.id, State::Running, job::Move::Succeed)?;
-    }
-    let (pipelines, limit, claim_lease) = match &req.claim {
-        Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
-        None => (&[][..], 0, 0),
-    };
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX / 16);
-    let specs = SpecColumns::of(&req.specs);
-    // The successes are locked in id order on the primary key, as the
-    // renewal locks them; the candidates' probes are `OFFSET 0` so that
-    // each stays a probe of one target (see worker.rs). Locks are written
-    // in target order, as every lock-taking batch: two nodes' cycles
-    // cannot deadlock on each other's locks.
-    let rows = sqlx::query(concat!(
-        "WITH settings AS MATERIALIZED ( \
+/// The statement, with the parameters of `lean_cycle::send`. The successes
+/// are locked in id order on the primary key, as the renewal locks them;
+/// the candidates' probes are `OFFSET 0` so that each stays a probe of one
+/// target (see worker.rs). Locks are written in target order, as every
+/// lock-taking batch: two nodes' cycles cannot deadlock on each other's
+/// locks.
+const STATEMENT: &str = concat!(
+    "WITH settings AS MATERIALIZED ( \
              SELECT current_setting('jobdeck.cycle_counts', true) IS NOT DISTINCT FROM 'on' \
                  OR jobdeck_lean_cycle_refuses('the count trigger is on') AS counting \
          ), done AS ( \
@@ -77,21 +59,21 @@ pub(super) async fn cycle(
                                  WHERE o.target = j.target AND o.state = 'leased' \
                                  OFFSET 0))) \
              ORDER BY j.priority DESC, j.due_at, j.id \
-             LIMIT $5 \
+             LIMIT $11 \
              FOR UPDATE OF j SKIP LOCKED \
          ), ranked AS ( \
              SELECT c.*, row_number() OVER ( \
                  PARTITION BY c.target ORDER BY c.priority DESC, c.due_at, c.id) AS nth \
              FROM candidates c \
          ), picked AS ( \
-             SELECT r.id, r.target, array_position($8::text[], r.pipeline) AS i \
+             SELECT r.id, r.target, array_position($7::text[], r.pipeline) AS i \
              FROM ranked r WHERE r.nth = 1 OR r.target IS NULL \
-             ORDER BY r.priority DESC, r.due_at, r.id LIMIT $6 \
+             ORDER BY r.priority DESC, r.due_at, r.id LIMIT $5 \
          ), lock_moves AS ( \
              SELECT d.target, NULL::bigint AS job, NULL::bigint AS lease_ms \
              FROM done d WHERE d.target IS NOT NULL \
              UNION ALL \
-             SELECT p.target, p.id, ($9::bigint[])[p.i] \
+             SELECT p.target, p.id, ($8::bigint[])[p.i] \
              FROM picked p WHERE p.target IS NOT NULL AND p.i IS NOT NULL \
          ), taken AS ( \
              INSERT INTO locks AS l (target, fence, holder_job, holder_worker, acquired_at, expires_at) \
@@ -115,108 +97,65 @@ pub(super) async fn cycle(
                  state = CASE WHEN plan.go THEN 'running' ELSE 'leased' END, \
                  lease_owner = $3, \
                  lease_token = nextval('lease_tokens'), \
-                 lease_expires_at = now() + CASE WHEN plan.go THEN ($9::bigint[])[plan.i] \
-                                                 ELSE $7 END * interval '1 millisecond', \
+                 lease_expires_at = now() + CASE WHEN plan.go THEN ($8::bigint[])[plan.i] \
+                                                 ELSE $6 END * interval '1 millisecond', \
                  attempt = jobs.attempt + CASE WHEN plan.go THEN 1 ELSE 0 END, \
                  started_at = CASE WHEN plan.go THEN now() ELSE jobs.started_at END, \
                  lock_fence = CASE WHEN plan.go THEN plan.fence ELSE jobs.lock_fence END, \
-                 on_stale = CASE WHEN plan.go THEN ($10::text[])[plan.i] ELSE jobs.on_stale END, \
-                 backoff_ms = CASE WHEN plan.go THEN ($11::bigint[])[plan.i] \
+                 on_stale = CASE WHEN plan.go THEN ($9::text[])[plan.i] ELSE jobs.on_stale END, \
+                 backoff_ms = CASE WHEN plan.go THEN ($10::bigint[])[plan.i] \
                                    ELSE jobs.backoff_ms END \
              FROM plan WHERE jobs.id = plan.id \
              RETURNING jobs.* \
-         ), claim_logged AS ( \
-             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
-             SELECT c.id, e.from_state, e.to_state, $3, e.detail \
-             FROM claimed c CROSS JOIN LATERAL (VALUES \
-                 (1, 'queued', 'leased', ''), \
-                 (2, 'leased', 'running', \
-                  'attempt ' || c.attempt || coalesce(', fence ' || c.lock_fence, '')) \
-             ) AS e(n, from_state, to_state, detail) \
-             WHERE e.n = 1 OR c.state = 'running' \
-             ORDER BY c.id, e.n \
-         ), moved AS MATERIALIZED ( \
-             SELECT (SELECT count(*) FROM done) AS done, \
-                    (SELECT count(*) FROM claimed WHERE state = 'running') AS started, \
-                    (SELECT count(*) FROM claimed WHERE state = 'leased') AS leased \
-         ), counted AS ( \
-             INSERT INTO job_state_deltas (state, n) \
-             SELECT d.state, d.n FROM moved m CROSS JOIN LATERAL (VALUES \
-                 ('running', m.started - m.done), ('succeeded', m.done), \
-                 ('leased', m.leased), ('queued', -m.started - m.leased)) AS d(state, n) \
-             WHERE d.n <> 0 \
-         ) \
-         SELECT ",
-        job_cols!(),
-        " FROM ( \
+         ), ",
+    claim_logged_and_counted!(),
+    job_cols!(),
+    " FROM ( \
              SELECT * FROM done \
              UNION ALL SELECT * FROM claimed \
          ) r ORDER BY priority DESC, due_at, id"
-    ))
-    .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
-    .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
-    .bind(worker)
-    .bind(pipelines)
-    .bind(claim_window(limit))
-    .bind(limit)
-    .bind(claim_lease)
-    .bind(&specs.pipelines)
-    .bind(&specs.lease_ms)
-    .bind(&specs.on_stale)
-    .bind(&specs.backoff_ms)
-    .fetch_all(&mut *conn)
-    .await;
-    match rows {
-        Ok(rows) => Ok(Lean::Written(rows)),
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("JDL01") => Ok(Lean::Refused),
-        Err(e) => Err(StoreError::from(e)),
-    }
+);
+
+/// Finish the request's successes (all of its finishes must be) and claim
+/// into its limit, locks included, in one statement and its own commit.
+pub(super) async fn cycle(
+    conn: &mut PgConnection,
+    req: &CycleRequest,
+    worker: &str,
+) -> Result<Lean> {
+    let limit = req.claim.as_ref().map_or(0, |c| c.limit);
+    let window = claim_window(i64::try_from(limit).unwrap_or(i64::MAX));
+    send(conn, STATEMENT, Some(window), req, worker).await
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::lean_cycle::testing::{claim_one, scratch_store};
     use super::*;
-    use crate::job::StalePolicy;
-    use crate::store::postgres::PgStore;
-    use crate::store::{Backend, ClaimRequest, NewJob, StartSpec, scratch};
+    use crate::job::{StalePolicy, State};
+    use crate::store::{Backend, NewJob, StartSpec, scratch};
 
     /// On a session where the count trigger counts (any but the engine's
     /// own), the statement stops before writing anything; with the
     /// engine's settings it claims a targeted job, takes its lock and
-    /// starts it. Needs `JOBDECK_TEST_POSTGRES`, as the Postgres tests
-    /// under `tests/` do.
+    /// starts it.
     #[tokio::test]
     async fn refuses_where_the_trigger_counts_else_locks_and_starts() {
-        let Ok(base) = std::env::var("JOBDECK_TEST_POSTGRES") else {
-            eprintln!("lock cycle test did not run: JOBDECK_TEST_POSTGRES unset");
+        let Some((store, base, schema)) = scratch_store("lockcycle").await else {
             return;
         };
-        let schema = format!("t_lockcycle_{}", std::process::id());
-        let url = scratch::create_pg_schema(&base, &schema).await.unwrap();
-        let store = PgStore::connect(&url).await.unwrap();
         let job = NewJob {
             pipeline: "p".into(),
             target: Some("t".into()),
             ..NewJob::default()
         };
         let id = store.enqueue(job, "test").await.unwrap().id;
-        let req = CycleRequest {
-            finishes: Vec::new(),
-            claim: Some(ClaimRequest {
-                worker: "w".into(),
-                pipelines: vec!["p".into()],
-                limit: 1,
-                lease: std::time::Duration::from_secs(60),
-            }),
-            specs: vec![(
-                "p".into(),
-                StartSpec {
-                    lease: std::time::Duration::from_secs(60),
-                    on_stale: StalePolicy::Hold,
-                    backoff: std::time::Duration::ZERO,
-                },
-            )],
+        let spec = StartSpec {
+            lease: std::time::Duration::from_secs(60),
+            on_stale: StalePolicy::Hold,
+            backoff: std::time::Duration::ZERO,
         };
+        let req = claim_one(vec![("p".into(), spec)]);
         let mut conn = store.pool().acquire().await.unwrap();
         let answer = cycle(&mut conn, &req, "w").await.unwrap();
         assert!(matches!(answer, Lean::Refused));
