@@ -3,14 +3,15 @@
 //! in PL/pgSQL, whose statements, cursor and returned set cost about a
 //! sixth of a call at 8 slots (pgbench calling each the way the engine
 //! does: 14.3k against 12.0k jobs/s; BENCHMARKS.md, session 14; in the
-//! engine 1.076×). Everything with a
-//! lock to take or free stays with the function:
+//! engine 1.076×). Everything with a lock to take or free goes to the
+//! statement with locks (`lock_cycle`, which this one's probes and lock
+//! upsert would only slow down on a queue without targets):
 //! - a success with a target makes the statement stop with `JDL01`
 //!   (migration 0012) before anything is written, as does a session on
 //!   which the count trigger is on (the statement counts its moves);
 //! - a queued job with a target among the claim's candidates is left
 //!   queued and returned as it is, so the store can claim it through the
-//!   function in the same call.
+//!   statement with locks in the same call.
 //!
 //! Runs on the engine's own connections, whose settings (`engine_conn`)
 //! are the function's: the trigger leaves the counting to the statement,
