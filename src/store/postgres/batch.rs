@@ -1,22 +1,20 @@
 //! Group commit: many starts or finishes in one transaction, and the
 //! engine's cycle (finish, claim, start in one commit: when its finishes
 //! are all successes, one plain statement, `lean_cycle` or `lock_cycle`).
-//! Starts,
-//! with or without a target, and successes finish in set-based statements;
-//! everything else goes through the per-job path of `worker.rs` inside the
-//! same transaction, each write all or nothing.
+//! Starts, with or without a target, and successes finish in set-based
+//! statements; everything else goes through the per-job path of
+//! `worker.rs` inside the same transaction, each write all or nothing.
 
 use std::cmp::Reverse;
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
 
 use sqlx::postgres::PgRow;
 use sqlx::{Connection, PgConnection, Row};
 
 use super::lean_cycle::{self, Lean};
 use super::lock_cycle;
-use super::worker::{claim_in, claim_window, finish_in, start_in};
-use super::{PgStore, SpecColumns, ms, rows};
+use super::worker::{claim_in, finish_in, start_in};
+use super::{PgStore, ms, rows};
 use crate::job::{self, Job, State};
 use crate::store::{
     ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome,
@@ -197,35 +195,19 @@ async fn cycle_in_one_call(
     req: &CycleRequest,
     worker: &str,
 ) -> Result<CycleRows> {
-    let done = successes(&req.finishes);
-    if let Some(first) = done.first() {
-        job::check(first.id, State::Running, job::Move::Succeed)?;
-    }
-    let (pipelines, limit, claim_lease) = match &req.claim {
-        Some(c) => (c.pipelines.as_slice(), c.limit, c.lease),
-        None => (&[][..], 0, Duration::ZERO),
-    };
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX / 16);
-    let specs = SpecColumns::of(&req.specs);
-    let rows = sqlx::query(concat!(
+    // The function takes the shared parameters in its own order.
+    const CALL: &str = concat!(
         "SELECT ",
         job_cols!(),
-        " FROM jobdeck_cycle($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-    ))
-    .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
-    .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
-    .bind(worker)
-    .bind(pipelines)
-    .bind(claim_window(limit))
-    .bind(limit)
-    .bind(ms(claim_lease))
-    .bind(&specs.pipelines)
-    .bind(&specs.lease_ms)
-    .bind(&specs.on_stale)
-    .bind(&specs.backoff_ms)
-    .fetch_all(&mut *conn)
-    .await?;
-    read_cycle(&rows, &req.finishes)
+        " FROM jobdeck_cycle($1, $2, $3, $4, $11, $5, $6, $7, $8, $9, $10)"
+    );
+    match lean_cycle::send(conn, CALL, true, req, worker).await? {
+        Lean::Written(rows) => read_cycle(&rows, &req.finishes),
+        // The function counts its own moves whatever the session's setting.
+        Lean::Refused => Err(StoreError::Database(
+            "jobdeck_cycle answered with the lean cycle's refusal".into(),
+        )),
+    }
 }
 
 /// A one-statement cycle's rows, read.

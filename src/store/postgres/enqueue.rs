@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
+use super::lean_cycle::fold_state_counts;
 use super::rows::notify;
 use super::{JOBS_CHANNEL, PgStore, ms};
 use crate::job::DEFAULT_MAX_ATTEMPTS;
@@ -113,12 +114,8 @@ impl PgStore {
         .bind(JOBS_CHANNEL)
         .fetch_optional(&self.pool)
         .await?;
-        if rand::random::<f64>() < 1.0 / 16.0
-            && let Err(e) = sqlx::query("SELECT job_state_fold()")
-                .execute(&self.pool)
-                .await
-        {
-            tracing::debug!("fold of the state counts: {e}");
+        if rand::random::<f64>() < 1.0 / 16.0 {
+            fold_state_counts(&self.pool).await;
         }
         Ok(id)
     }

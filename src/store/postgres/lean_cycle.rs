@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 
+use super::worker::claim_window;
 use super::{SpecColumns, ms};
 use crate::job::{self, State};
 use crate::store::{CycleRequest, Result, StoreError, successes};
@@ -54,11 +55,15 @@ impl LeanMode {
             return;
         }
         let pool = pool.clone();
-        tokio::spawn(async move {
-            if let Err(e) = sqlx::query("SELECT job_state_fold()").execute(&pool).await {
-                tracing::debug!("fold of the state counts: {e}");
-            }
-        });
+        tokio::spawn(async move { fold_state_counts(&pool).await });
+    }
+}
+
+/// Fold the state counts' deltas (migration 0002), for a writer that
+/// counts its own moves; a failure only leaves them for the next fold.
+pub(super) async fn fold_state_counts(pool: &PgPool) {
+    if let Err(e) = sqlx::query("SELECT job_state_fold()").execute(pool).await {
+        tracing::debug!("fold of the state counts: {e}");
     }
 }
 
@@ -167,18 +172,20 @@ pub(super) async fn cycle(
     req: &CycleRequest,
     worker: &str,
 ) -> Result<Lean> {
-    send(conn, STATEMENT, None, req, worker).await
+    send(conn, STATEMENT, false, req, worker).await
 }
 
-/// Send a cycle's statement, this module's or `lock_cycle`'s, which share
-/// their parameters: $1 the successes' ids, $2 their lease tokens, $3 the
-/// worker, $4 the claim's pipelines, $5 its limit, $6 its lease (ms), $7
-/// to $10 the start specs' columns, and `lock_cycle`'s $11, the claim's
-/// window of candidates (`extra`).
+/// Send a cycle's statement: this module's, `lock_cycle`'s or the call of
+/// `jobdeck_cycle`, which share their parameters: $1 the successes' ids,
+/// $2 their lease tokens, $3 the worker, $4 the claim's pipelines, $5 its
+/// limit, $6 its lease (ms), $7 to $10 the start specs' columns, and $11
+/// the claim's window of candidates (`with_window`: the statements that
+/// claim jobs with targets). `Refused` when the statement stopped with
+/// `JDL01` (migration 0012) before writing anything.
 pub(super) async fn send(
     conn: &mut PgConnection,
     statement: &'static str,
-    extra: Option<i64>,
+    with_window: bool,
     req: &CycleRequest,
     worker: &str,
 ) -> Result<Lean> {
@@ -190,20 +197,21 @@ pub(super) async fn send(
         Some(c) => (c.pipelines.as_slice(), c.limit, ms(c.lease)),
         None => (&[][..], 0, 0),
     };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let specs = SpecColumns::of(&req.specs);
     let mut query = sqlx::query(statement)
         .bind(done.iter().map(|l| l.id).collect::<Vec<_>>())
         .bind(done.iter().map(|l| l.token).collect::<Vec<_>>())
         .bind(worker)
         .bind(pipelines)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(limit)
         .bind(claim_lease)
         .bind(&specs.pipelines)
         .bind(&specs.lease_ms)
         .bind(&specs.on_stale)
         .bind(&specs.backoff_ms);
-    if let Some(extra) = extra {
-        query = query.bind(extra);
+    if with_window {
+        query = query.bind(claim_window(limit));
     }
     match query.fetch_all(&mut *conn).await {
         Ok(rows) => Ok(Lean::Written(rows)),

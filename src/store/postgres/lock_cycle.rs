@@ -23,7 +23,6 @@
 use sqlx::PgConnection;
 
 use super::lean_cycle::{Lean, claim_logged_and_counted, send};
-use super::worker::claim_window;
 use crate::store::{CycleRequest, Result};
 
 /// The statement, with the parameters of `lean_cycle::send`. The successes
@@ -123,9 +122,7 @@ pub(super) async fn cycle(
     req: &CycleRequest,
     worker: &str,
 ) -> Result<Lean> {
-    let limit = req.claim.as_ref().map_or(0, |c| c.limit);
-    let window = claim_window(i64::try_from(limit).unwrap_or(i64::MAX));
-    send(conn, STATEMENT, Some(window), req, worker).await
+    send(conn, STATEMENT, true, req, worker).await
 }
 
 #[cfg(test)]
