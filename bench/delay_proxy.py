@@ -1,6 +1,6 @@
 """A TCP proxy that holds every chunk it forwards for a while, each way: a
 stand-in for a database far from its workers, where tc netem is not at
-hand. Used for the "distant database" row of BENCHMARKS.md (session 11):
+hand. Used for the "distant database" row of bench/HISTORY.md (session 11):
 
     python3 bench/delay_proxy.py 6543 5432 0.5 &
     jobdeck bench --db postgres://postgres@127.0.0.1:6543/test --jobs 4000 --cycles-in-flight 2

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
 /// per core. Every other command is the engine alone or a client, waiting
 /// on the database and on child processes: on one thread its tasks never
 /// wake each other across threads, which took about a tenth of the
-/// headless engine's CPU time per job in `jobdeck bench` (BENCHMARKS.md).
+/// headless engine's CPU time per job in `jobdeck bench` (bench/HISTORY.md, session 9).
 fn runtime_for(command: Option<&Command>) -> std::io::Result<tokio::runtime::Runtime> {
     match command {
         None | Some(Command::Console(_) | Command::Demo(_)) => tokio::runtime::Runtime::new(),

@@ -58,7 +58,7 @@ pub struct WorkersConfig {
     /// in a commit; more overlap one cycle's commit with another's work
     /// at the price of more commits per job, which pays only where a
     /// cycle's cost grows fast with its jobs and cores sit idle (every
-    /// case measured in BENCHMARKS.md ran faster with one). Postgres
+    /// case measured in bench/HISTORY.md ran faster with one). Postgres
     /// only: SQLite has one writer.
     pub cycles_in_flight: usize,
     pub lease: Duration,

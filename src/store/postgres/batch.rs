@@ -189,7 +189,7 @@ async fn cycle_with_locks(
 /// rows and rewrote their lock rows. Folded into one statement, that
 /// snapshot predates the wait, and the release missed such lock rows (the
 /// kill storm of `tests/faults/storm.rs` ended with targets held by
-/// succeeded jobs; see BENCHMARKS.md, session 12).
+/// succeeded jobs; see bench/HISTORY.md, session 12).
 async fn cycle_in_one_call(
     conn: &mut PgConnection,
     req: &CycleRequest,

@@ -2,7 +2,7 @@
 //! and a claim of jobs that need none. `jobdeck_cycle` does the same work
 //! in PL/pgSQL, whose statements, cursor and returned set cost about a
 //! sixth of a call at 8 slots (pgbench calling each the way the engine
-//! does: 14.3k against 12.0k jobs/s; BENCHMARKS.md, session 14; in the
+//! does: 14.3k against 12.0k jobs/s; bench/HISTORY.md, session 14; in the
 //! engine 1.076×). Everything with a lock to take or free goes to the
 //! statement with locks (`lock_cycle`, which this one's probes and lock
 //! upsert would only slow down on a queue without targets):

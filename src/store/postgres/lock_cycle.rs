@@ -4,7 +4,7 @@
 //! three statements (lock the successes, write them and free their
 //! locks, claim); in pgbench calling each the way the engine does, with
 //! 100 targets, the statement cost about 0.83× the machine CPU per job of
-//! the call (BENCHMARKS.md, session 16).
+//! the call (bench/HISTORY.md, session 16).
 //!
 //! Locks are freed and taken by one upsert keyed by target, whose
 //! conditions Postgres checks on the newest version of each lock row: a

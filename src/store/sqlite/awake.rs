@@ -16,7 +16,7 @@
 //! Postgres does not do this: its cycle runs in the server, which shares
 //! the machine's cores, and a spinning client took a core the server's
 //! backend needed. The pickup of a job enqueued by another process went
-//! from p95 0.43 ms to 2.03 ms, the length of the spin (BENCHMARKS.md,
+//! from p95 0.43 ms to 2.03 ms, the length of the spin (bench/HISTORY.md,
 //! session 13).
 
 use std::pin::Pin;
