@@ -2,12 +2,17 @@
 //! that cancels meet jobs queued, leased, running and finishing. Each job
 //! ends in exactly one terminal state, its event history is a path the
 //! state machine allows, and a cancelled run's process is gone.
+//!
+//! Random picks alone met no running job in one CI run in a hundred or so
+//! (about 6 of 60 jobs run at any moment, and the workers may start late
+//! on a loaded machine), so the plan starts once a job runs, and three of
+//! its cancels go to a job that was running a moment before.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jobdeck::job::State;
-use jobdeck::store::NewJob;
+use jobdeck::store::{JobFilter, NewJob};
 use rand::RngExt;
 
 use crate::audit::{self, LEDGER_STEP, pipeline};
@@ -48,22 +53,44 @@ async fn cancel_races(env: Env) {
         .enqueue_many(jobs, "operator:test@host")
         .await
         .expect("enqueue");
-    // Three of four jobs get a cancel, at a random time within ~4 s.
-    let mut plan: Vec<(u64, i64)> = Vec::new();
+    // Three of four jobs get a cancel, at a random time within ~4 s, and
+    // at 1, 2 and 3 s a job that is running then gets one.
+    let mut plan: Vec<(u64, Cancel)> = vec![
+        (1000, Cancel::Running),
+        (2000, Cancel::Running),
+        (3000, Cancel::Running),
+    ];
     for id in &ids {
         if rng.random_range(0..4) != 0 {
-            plan.push((rng.random_range(0..4000), *id));
+            plan.push((rng.random_range(0..4000), Cancel::Job(*id)));
         }
     }
     drop(rng);
     plan.sort();
+    eventually("a job to run", Duration::from_secs(30), async || {
+        running_now(&env).await.first().copied()
+    })
+    .await;
     let began = tokio::time::Instant::now();
     let mut seen_as: BTreeMap<State, usize> = BTreeMap::new();
     let mut cancelled = Vec::new();
-    for (at, id) in &plan {
+    for (at, cancel) in &plan {
         tokio::time::sleep_until(began + Duration::from_millis(*at)).await;
+        let id = match cancel {
+            Cancel::Job(id) => *id,
+            Cancel::Running => {
+                let running = running_now(&env).await;
+                match running.into_iter().find(|id| !cancelled.contains(id)) {
+                    Some(id) => id,
+                    None => continue,
+                }
+            }
+        };
+        if cancelled.contains(&id) {
+            continue;
+        }
         // What the operator saw just before (the race is the point).
-        let before = env.job(*id).await.state;
+        let before = env.job(id).await.state;
         *seen_as.entry(before).or_default() += 1;
         let out = env.cli(&["cancel", &id.to_string()]).await;
         // A finished job refuses the cancel with one line; anything else
@@ -75,7 +102,7 @@ async fn cancel_races(env: Env) {
                 out.stderr
             );
         }
-        cancelled.push(*id);
+        cancelled.push(id);
     }
 
     eventually("every job to end", Duration::from_secs(60), async || {
@@ -135,8 +162,30 @@ async fn cancel_races(env: Env) {
         "RESULT cancel_races {:?}: {JOBS} jobs, {} cancels, seen before cancel {seen_as:?}, \
          ended {ended:?} ({finishing} cancelled while finishing), one terminal state each",
         env.kind,
-        plan.len()
+        cancelled.len()
     );
+}
+
+/// A planned cancel: of a job picked at enqueue, or of one running then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Cancel {
+    Job(i64),
+    Running,
+}
+
+/// The jobs running now, as the store lists them.
+async fn running_now(env: &Env) -> Vec<i64> {
+    let filter = JobFilter {
+        states: vec![State::Running],
+        limit: 100,
+        ..JobFilter::default()
+    };
+    let jobs = env
+        .store
+        .list_jobs(&filter)
+        .await
+        .expect("list running jobs");
+    jobs.into_iter().map(|j| j.id).collect()
 }
 
 on_both_backends!(cancel_races);
