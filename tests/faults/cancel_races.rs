@@ -3,10 +3,10 @@
 //! ends in exactly one terminal state, its event history is a path the
 //! state machine allows, and a cancelled run's process is gone.
 //!
-//! Random picks alone met no running job in one CI run in a hundred or so
-//! (about 6 of 60 jobs run at any moment, and the workers may start late
-//! on a loaded machine), so the plan starts once a job runs, and three of
-//! its cancels go to a job that was running a moment before.
+//! Random picks alone once met no running job in a CI run (about 6 of
+//! the 60 jobs run at any moment, and the workers may start late on a
+//! loaded machine), so the plan starts once a job runs, and three of its
+//! cancels go to a job that was running a moment before.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
