@@ -240,6 +240,15 @@ pub(super) mod testing {
         Some((PgStore::connect(&url).await.unwrap(), base, schema))
     }
 
+    /// Give `conn` the engine connections' setting that lets the cycle
+    /// statements count their own moves (`engine_conn`).
+    pub async fn engine_settings(conn: &mut sqlx::PgConnection) {
+        sqlx::query("SET jobdeck.cycle_counts = 'on'")
+            .execute(conn)
+            .await
+            .unwrap();
+    }
+
     /// A cycle with nothing to finish that claims one job of `p`.
     pub fn claim_one(specs: Vec<(String, StartSpec)>) -> CycleRequest {
         CycleRequest {
@@ -257,7 +266,7 @@ pub(super) mod testing {
 
 #[cfg(test)]
 mod tests {
-    use super::testing::{claim_one, scratch_store};
+    use super::testing::{claim_one, engine_settings, scratch_store};
     use super::*;
     use crate::store::{Backend, NewJob, scratch};
 
@@ -280,10 +289,7 @@ mod tests {
         assert!(matches!(answer, Lean::Refused));
         assert_eq!(store.get_job(id).await.unwrap().state, State::Queued);
         // With the engine's settings the same statement claims the job.
-        sqlx::query("SET jobdeck.cycle_counts = 'on'")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
+        engine_settings(&mut conn).await;
         let Lean::Written(rows) = cycle(&mut conn, &req, "w").await.unwrap() else {
             panic!("refused with the engine's settings");
         };

@@ -127,7 +127,7 @@ pub(super) async fn cycle(
 
 #[cfg(test)]
 mod tests {
-    use super::super::lean_cycle::testing::{claim_one, scratch_store};
+    use super::super::lean_cycle::testing::{claim_one, engine_settings, scratch_store};
     use super::*;
     use crate::job::{StalePolicy, State};
     use crate::store::{Backend, NewJob, StartSpec, scratch};
@@ -158,10 +158,7 @@ mod tests {
         assert!(matches!(answer, Lean::Refused));
         assert_eq!(store.get_job(id).await.unwrap().state, State::Queued);
         assert!(store.list_locks().await.unwrap().is_empty());
-        sqlx::query("SET jobdeck.cycle_counts = 'on'")
-            .execute(&mut *conn)
-            .await
-            .unwrap();
+        engine_settings(&mut conn).await;
         let Lean::Written(rows) = cycle(&mut conn, &req, "w").await.unwrap() else {
             panic!("refused with the engine's settings");
         };
