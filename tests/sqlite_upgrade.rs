@@ -70,3 +70,94 @@ async fn the_waiting_counts_start_from_the_queued_jobs_already_there() {
         .expect("enqueue");
     assert_eq!(store.list_locks().await.expect("locks")[0].waiting, 4);
 }
+
+/// Every row of `jobs`, each column quoted, in id order.
+async fn jobs_rows(pool: &sqlx::SqlitePool) -> Vec<String> {
+    let (select,): (String,) = sqlx::query_as(
+        "SELECT 'SELECT ' || group_concat('quote(' || name || ')', ' || ''|'' || ')
+             || ' FROM jobs ORDER BY id'
+         FROM pragma_table_info('jobs')",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("column list");
+    // Built from the table's own column names.
+    sqlx::query_scalar(sqlx::AssertSqlSafe(select))
+        .fetch_all(pool)
+        .await
+        .expect("rows")
+}
+
+/// What the rebuild must keep: the indexes and triggers on `jobs` (their
+/// SQL), the state counts and the per-target queue counts.
+async fn kept_around_jobs(pool: &sqlx::SqlitePool) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT name, sql FROM sqlite_master
+         WHERE tbl_name = 'jobs' AND type IN ('index', 'trigger')
+         UNION ALL SELECT 'count ' || state, CAST(n AS TEXT) FROM job_state_counts
+         UNION ALL SELECT 'queued for ' || target, CAST(queued AS TEXT) FROM target_queue
+         ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("schema and counts")
+}
+
+#[tokio::test]
+async fn the_state_check_rebuild_keeps_rows_ids_indexes_and_triggers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("old.db").display());
+    migrate_up_to(&url, 6).await;
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("open");
+    // Jobs in several states, with and without targets, a unique key and
+    // a schedule slot; job 6, the newest, has been pruned.
+    sqlx::raw_sql(
+        "INSERT INTO jobs (pipeline, target, state, due_at, created_at, lease_token,
+                           lock_fence, lease_owner, lease_expires_at, started_at, attempt)
+             VALUES ('p', 't', 'running', 0, 0, 7, 1, 'w-1', 99, 5, 1);
+         INSERT INTO jobs (pipeline, target, state, due_at, created_at, unique_key) VALUES
+             ('p', 't', 'queued', 0, 0, 'k-1'), ('q', NULL, 'queued', 3, 0, NULL),
+             ('p', 'u', 'stale', 0, 0, NULL);
+         INSERT INTO jobs (pipeline, state, due_at, created_at, finished_at, last_error,
+                           schedule_id, fire_at)
+             VALUES ('p', 'failed', 0, 0, 10, 'boom', 1, 60), ('p', 'succeeded', 0, 0, 11, NULL, 1, 120);
+         DELETE FROM jobs WHERE id = 6;
+         INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at)
+             VALUES ('t', 1, 1, 'w-1', 0);",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows of the old schema");
+    let rows_before = jobs_rows(&pool).await;
+    let kept_before = kept_around_jobs(&pool).await;
+    pool.close().await;
+
+    jobdeck::store::connect(&url).await.expect("upgrade");
+
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("reopen");
+    assert_eq!(rows_before.len(), 5);
+    assert_eq!(jobs_rows(&pool).await, rows_before);
+    assert_eq!(kept_around_jobs(&pool).await, kept_before);
+    let table: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'jobs'")
+        .fetch_one(&pool)
+        .await
+        .expect("table");
+    assert!(
+        table.contains("state = 'cancelled'") && !table.contains("state IN"),
+        "the check is not the rebuilt one: {table}"
+    );
+    // The pruned job's id is not given again, and the check still holds.
+    let next = sqlx::query(
+        "INSERT INTO jobs (pipeline, state, due_at, created_at) VALUES ('p', 'queued', 0, 0)",
+    )
+    .execute(&pool)
+    .await
+    .expect("insert")
+    .last_insert_rowid();
+    assert_eq!(next, 7);
+    let bad = sqlx::query("UPDATE jobs SET state = 'done' WHERE id = 1")
+        .execute(&pool)
+        .await
+        .expect_err("a state outside the seven");
+    assert!(bad.to_string().contains("CHECK constraint failed"), "{bad}");
+}
