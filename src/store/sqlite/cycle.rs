@@ -107,7 +107,9 @@ macro_rules! started_on_targets {
 /// The cycle's locks, after its successes and its claim: the lock of each
 /// job that succeeded in this transaction is freed, or handed with the
 /// next fence to the job this cycle started on its target; each other
-/// target a started job has is taken. Parameters: ?1 now, ?4 the finishing
+/// target a started job has is taken. The finishing jobs are joined, not
+/// tested with `IN (SELECT …)` (a temporary index and a Bloom filter at
+/// every cycle; see `succeed_jobs`). Parameters: ?1 now, ?4 the finishing
 /// jobs, ?5 worker, ?9 the cycle's lease token.
 macro_rules! write_locks {
     () => {
@@ -117,8 +119,9 @@ macro_rules! write_locks {
                  iif(max(holder) IS NULL, NULL, ?1), max(expires)
              FROM (
                  SELECT l.target, l.fence, NULL AS holder, NULL AS expires
-                 FROM jobs h JOIN locks l ON l.holder_job = h.id AND l.target = h.target
-                 WHERE h.id IN (SELECT value FROM json_each(?4)) AND h.state = 'succeeded'
+                 FROM json_each(?4) AS finishing JOIN jobs h ON h.id = finishing.value
+                 JOIN locks l ON l.holder_job = h.id AND l.target = h.target
+                 WHERE h.state = 'succeeded'
                  UNION ALL
                  SELECT j.target, j.lock_fence, j.id, j.lease_expires_at ",
             started_on_targets!(),
