@@ -194,8 +194,9 @@ async fn start_untargeted(
     let rows = sqlx::query(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_expires_at = ?1 + ?2,
              started_at = ?1, lock_fence = NULL, on_stale = ?3, backoff_ms = ?4
-         WHERE state = 'leased' AND target IS NULL
-           AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?5))
+         FROM json_each(?5) AS lease
+         WHERE jobs.id = lease.value ->> 0 AND jobs.lease_token = lease.value ->> 1
+           AND jobs.state = 'leased' AND jobs.target IS NULL
          RETURNING id, lease_token, attempt",
     )
     .bind(now)
@@ -232,10 +233,11 @@ async fn start_targeted(
     // exactly the locks this statement took.
     let taken: Vec<(i64, i64)> = sqlx::query_as(
         "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
-         SELECT target, 1, id, ?2, ?3, ?3 + ?4 FROM jobs
-         WHERE state = 'leased' AND target IS NOT NULL
-           AND (id, lease_token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?1))
-         ORDER BY target, id
+         SELECT jobs.target, 1, jobs.id, ?2, ?3, ?3 + ?4
+         FROM json_each(?1) AS lease
+         JOIN jobs ON jobs.id = lease.value ->> 0 AND jobs.lease_token = lease.value ->> 1
+         WHERE jobs.state = 'leased' AND jobs.target IS NOT NULL
+         ORDER BY jobs.target, jobs.id
          ON CONFLICT (target) DO UPDATE SET fence = locks.fence + 1,
              holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
              acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
