@@ -27,12 +27,19 @@ async fn migrate_up_to(url: &str, last: i64) {
     pool.close().await;
 }
 
-#[tokio::test]
-async fn the_waiting_counts_start_from_the_queued_jobs_already_there() {
+/// A database in a fresh temp dir as the binary of migration `last` left
+/// it, with a pool open on it: the dir (dropped last), the URL, the pool.
+async fn old_database(last: i64) -> (tempfile::TempDir, String, sqlx::SqlitePool) {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("old.db").display());
-    migrate_up_to(&url, 2).await;
+    migrate_up_to(&url, last).await;
     let pool = sqlx::SqlitePool::connect(&url).await.expect("open");
+    (dir, url, pool)
+}
+
+#[tokio::test]
+async fn the_waiting_counts_start_from_the_queued_jobs_already_there() {
+    let (_dir, url, pool) = old_database(2).await;
     // Job 1 holds t's lock; three queued jobs wait for t (one of them not
     // yet due), one for u (not locked), and finished jobs count for none.
     sqlx::raw_sql(
@@ -105,10 +112,7 @@ async fn kept_around_jobs(pool: &sqlx::SqlitePool) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn the_state_check_rebuild_keeps_rows_ids_indexes_and_triggers() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let url = format!("sqlite://{}", dir.path().join("old.db").display());
-    migrate_up_to(&url, 6).await;
-    let pool = sqlx::SqlitePool::connect(&url).await.expect("open");
+    let (_dir, url, pool) = old_database(6).await;
     // Jobs in several states, with and without targets, a unique key and
     // a schedule slot; job 6, the newest, has been pruned.
     sqlx::raw_sql(
