@@ -129,7 +129,7 @@ const STATEMENT: &str = concat!(
                AND (jobs.target IS NULL \
                     OR jobdeck_lean_cycle_refuses('job ' || jobs.id || ' holds a lock')) \
                AND (SELECT counting FROM settings) \
-             RETURNING jobs.* \
+             RETURNING jobs.id, jobs.lease_token, jobs.target \
          ), done_logged AS ( \
              INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
              SELECT id, 'running', 'succeeded', $3, '' FROM done ORDER BY id \
@@ -159,10 +159,11 @@ const STATEMENT: &str = concat!(
     claim_logged_and_counted!(),
     job_cols!(),
     " FROM ( \
-             SELECT * FROM done \
-             UNION ALL SELECT * FROM claimed \
+             SELECT * FROM claimed \
              UNION ALL SELECT * FROM picked WHERE target IS NOT NULL \
-         ) r ORDER BY priority DESC, due_at, id"
+         ) r UNION ALL SELECT ",
+    success_cols!(),
+    " FROM done ORDER BY priority DESC, due_at, id"
 );
 
 /// Finish the request's successes (all of its finishes must be) and claim

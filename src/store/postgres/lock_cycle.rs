@@ -41,7 +41,7 @@ const STATEMENT: &str = concat!(
              WHERE jobs.id = ANY ($1::bigint[]) AND jobs.id = t.id AND jobs.lease_token = t.token \
                AND (jobs.state = 'running') IS TRUE \
                AND (SELECT counting FROM settings) \
-             RETURNING jobs.* \
+             RETURNING jobs.id, jobs.lease_token, jobs.target, jobs.lock_fence \
          ), done_logged AS ( \
              INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
              SELECT id, 'running', 'succeeded', $3, '' FROM done ORDER BY id \
@@ -109,10 +109,9 @@ const STATEMENT: &str = concat!(
          ), ",
     claim_logged_and_counted!(),
     job_cols!(),
-    " FROM ( \
-             SELECT * FROM done \
-             UNION ALL SELECT * FROM claimed \
-         ) r ORDER BY priority DESC, due_at, id"
+    " FROM claimed UNION ALL SELECT ",
+    success_cols!(),
+    " FROM done ORDER BY priority DESC, due_at, id"
 );
 
 /// Finish the request's successes (all of its finishes must be) and claim
