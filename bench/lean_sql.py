@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Print the engine's lean cycle statement (src/store/postgres/lean_cycle.rs)
+as a pgbench script for bench/lean.sh: its Rust string literals joined, the
+engine's parameters replaced by pgbench variables and constants, and the
+rows it returns folded into the ids and lease tokens the next call finishes.
+Fails loudly when the source no longer has the shape this expects."""
+import re
+import sys
+from pathlib import Path
+
+src_dir = Path(__file__).resolve().parent.parent / "src" / "store" / "postgres"
+lean = (src_dir / "lean_cycle.rs").read_text()
+mod = (src_dir / "mod.rs").read_text()
+
+
+def literals(block):
+    """The concatenation of the Rust string literals in `block`."""
+    return "".join(
+        re.sub(r"\\\n\s*", " ", m.group(1))
+        for m in re.finditer(r'"((?:[^"\\]|\\.)*)"', block, re.S)
+    )
+
+
+def between(text, start, end):
+    i = text.index(start)
+    return text[i : text.index(end, i)]
+
+
+macros = {
+    "claim_logged_and_counted!()": literals(
+        between(lean, "macro_rules! claim_logged_and_counted", "pub(super) use claim_logged_and_counted")
+    ),
+    "job_cols!()": literals(between(mod, "macro_rules! job_cols", "macro_rules! success_cols")),
+    "success_cols!()": literals(between(mod, "macro_rules! success_cols", "mod batch;")),
+}
+body = between(lean, "const STATEMENT: &str = concat!(", ");\n")
+parts = []
+for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|[a-z_]+!\(\)', body, re.S):
+    token = m.group(0)
+    parts.append(macros[token] if token in macros else re.sub(r"\\\n\s*", " ", m.group(1)))
+sql = "".join(parts)
+if "$10" not in sql or "SELECT id, pipeline" not in sql:
+    sys.exit("lean_sql.py: lean_cycle.rs's statement has changed shape; update this script")
+
+# The engine reads the rows; pgbench keeps the running jobs' ids and tokens.
+i = sql.rindex(" SELECT id, pipeline")
+sql = (
+    sql[:i].rstrip()
+    + ", r AS ("
+    + sql[i:]
+    + ") SELECT coalesce(array_agg(id) FILTER (WHERE state = 'running'), '{}') AS ids,"
+    + " coalesce(array_agg(lease_token) FILTER (WHERE state = 'running'), '{}') AS toks FROM r"
+)
+params = {
+    "$10": "ARRAY[0]::bigint[]", "$1": ":ids", "$2": ":toks", "$3": "'lean'",
+    "$4": "ARRAY['bench']", "$5": ":batch", "$6": "30000", "$7": "ARRAY['bench']",
+    "$8": "ARRAY[30000]::bigint[]", "$9": "ARRAY['hold']",
+}
+for k, v in params.items():  # $10 before $1
+    sql = sql.replace(k, v)
+print(sql)
+print("\\gset")
