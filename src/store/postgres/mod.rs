@@ -41,8 +41,8 @@ macro_rules! job_cols {
 
 /// A success's row in the shape of `job_cols!` from the cycle statements'
 /// `done` (id, lease token, target): the store reads nothing else of it,
-/// and 8 whole rows per cycle (their JSON turned to text, sorted, sent and
-/// parsed) cost the server and the engine for nothing.
+/// and 8 whole rows per cycle (their JSON turned to text, sorted and sent)
+/// cost the server for nothing.
 macro_rules! success_cols {
     () => {
         "id, NULL, target, NULL, 'succeeded', NULL, NULL, NULL, \
