@@ -9,6 +9,8 @@
 #
 #   bench/lean.sh                      8 jobs per call, 20,000 jobs
 #   bench/lean.sh 8 20000 'ALTER SEQUENCE lease_tokens CACHE 64'
+#   LEAN_VARIANT=without-events bench/lean.sh   the statement without its
+#                                  event inserts (what the event log costs)
 #
 # Prints jobs/s. Env: PGHOST PGPORT PGUSER (default 127.0.0.1 5432
 # postgres), JOBDECK_BIN (default target/release/jobdeck, built if missing).
@@ -25,7 +27,7 @@ JOBDECK="${JOBDECK_BIN:-$REPO/target/release/jobdeck}"
 DB=bench_lean
 script="$(mktemp)"
 trap 'rm -f "$script"; dropdb --if-exists "$DB" 2>/dev/null' EXIT
-python3 "$BENCH/lean_sql.py" > "$script"
+python3 "$BENCH/lean_sql.py" ${LEAN_VARIANT:+"$LEAN_VARIANT"} > "$script"
 
 dropdb --if-exists "$DB" 2>/dev/null; createdb "$DB"
 "$JOBDECK" --db "postgres://$PGUSER@$PGHOST:$PGPORT/$DB" migrate > /dev/null

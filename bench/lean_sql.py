@@ -3,6 +3,8 @@
 as a pgbench script for bench/lean.sh: its Rust string literals joined, the
 engine's parameters replaced by pgbench variables and constants, and the
 rows it returns folded into the ids and lease tokens the next call finishes.
+With the argument `without-events` the statement writes no job_events rows
+(a measurement of what the event log costs, never a mode of jobdeck's).
 Fails loudly when the source no longer has the shape this expects."""
 import re
 import sys
@@ -41,6 +43,15 @@ for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|[a-z_]+!\(\)', body, re.S):
 sql = "".join(parts)
 if "$10" not in sql or "SELECT id, pipeline" not in sql:
     sys.exit("lean_sql.py: lean_cycle.rs's statement has changed shape; update this script")
+variant = sys.argv[1] if len(sys.argv) > 1 else ""
+if variant == "without-events":
+    done_logged = re.search(r"done_logged AS \(.*?\), picked AS", sql, re.S)
+    claim_logged = re.search(r"claim_logged AS \(.*?\), moved AS", sql, re.S)
+    if not (done_logged and claim_logged):
+        sys.exit("lean_sql.py: the statement's event inserts have changed shape; update this script")
+    sql = sql.replace(done_logged.group(0), "picked AS").replace(claim_logged.group(0), "moved AS")
+elif variant:
+    sys.exit(f"lean_sql.py: unknown variant {variant!r} (known: without-events)")
 
 # The engine reads the rows; pgbench keeps the running jobs' ids and tokens.
 i = sql.rindex(" SELECT id, pipeline")
