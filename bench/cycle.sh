@@ -20,11 +20,7 @@ if [ $# -lt 2 ] || ! [[ "$1" =~ ^[1-9][0-9]*$ && "$2" =~ ^[1-9][0-9]*$ && "${3:-
   exit 2
 fi
 CLIENTS=$1 BATCH=$2 JOBS=${3:-20000} TARGETS=${4:-0}
-BENCH="$(cd "$(dirname "$0")" && pwd)"
-REPO="$(dirname "$BENCH")"
-export PGHOST="${PGHOST:-127.0.0.1}" PGPORT="${PGPORT:-5432}" PGUSER="${PGUSER:-postgres}"
-JOBDECK="${JOBDECK_BIN:-$REPO/target/release/jobdeck}"
-[ -x "$JOBDECK" ] || (cd "$REPO" && cargo build --release --quiet)
+source "$(dirname "$0")/pg_harness.sh"
 DB=bench_cycle
 
 dropdb --if-exists "$DB" && createdb "$DB"

@@ -19,11 +19,7 @@ set -euo pipefail
 BATCH=${1:-8} JOBS=${2:-20000} EXTRA=${3:-}
 [[ "$BATCH" =~ ^[1-9][0-9]*$ && "$JOBS" =~ ^[1-9][0-9]*$ ]] ||
   { echo "usage: bench/lean.sh [BATCH [JOBS [SQL]]]" >&2; exit 2; }
-BENCH="$(cd "$(dirname "$0")" && pwd)"
-REPO="$(dirname "$BENCH")"
-export PGHOST="${PGHOST:-127.0.0.1}" PGPORT="${PGPORT:-5432}" PGUSER="${PGUSER:-postgres}"
-JOBDECK="${JOBDECK_BIN:-$REPO/target/release/jobdeck}"
-[ -x "$JOBDECK" ] || (cd "$REPO" && cargo build --release --quiet)
+source "$(dirname "$0")/pg_harness.sh"
 DB=bench_lean
 script="$(mktemp)"
 trap 'rm -f "$script"; dropdb --if-exists "$DB" 2>/dev/null' EXIT
