@@ -291,9 +291,9 @@ fn demo_cancel_a_running_job_then_quit_restores_the_terminal() {
     let mut refused = None;
     let id = loop {
         c.keys("c");
-        // On a loaded machine the pane may hold no row at the moment the
-        // key is read (between one job's end and the next one's start in
-        // the snapshot): the console says so, and the walk starts over.
+        // Once, on a loaded machine, the console answered this key with
+        // "nothing selected" (why was not found: the pane showed rows
+        // again by then); the walk then starts over from the top.
         let answer =
             c.wait_for(
                 "a cancel confirmation",
