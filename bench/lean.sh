@@ -12,7 +12,7 @@
 #   LEAN_VARIANT=without-events bench/lean.sh   the statement without its
 #                                  event inserts (what the event log costs)
 #
-# Prints jobs/s. Env: PGHOST PGPORT PGUSER (default 127.0.0.1 5432
+# Prints jobs/s and the jobs done. Env: PGHOST PGPORT PGUSER (default 127.0.0.1 5432
 # postgres), JOBDECK_BIN (default target/release/jobdeck, built if missing).
 # The database bench_lean is created and dropped.
 set -euo pipefail
@@ -43,4 +43,4 @@ out="$(pgbench -n -M prepared -c 1 -j 1 -t "$tx" -D ids='{}' -D toks='{}' -D bat
   -f "$script" "$DB" 2>&1)" || { echo "$out" >&2; exit 1; }
 done_jobs="$(psql -Atq -d "$DB" -c "SELECT count(*) FROM jobs WHERE state = 'succeeded'")"
 tps="$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$out")"
-python3 -c "print(f'1 x $BATCH: {$tps * $done_jobs / $tx:.0f} jobs/s')"
+python3 -c "print(f'1 x $BATCH: {$tps * $done_jobs / $tx:.0f} jobs/s ($done_jobs jobs done)')"

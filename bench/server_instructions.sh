@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The Postgres server's instructions per job for the engine's common cycle
+# statement, counted by callgrind: bench/lean.sh (pgbench sending the lean
+# cycle statement, one client, BATCH jobs per call) against a scratch
+# Postgres cluster of the machine's own build that runs under callgrind.
+# Instructions, unlike seconds, come out the same for the same schema and
+# statement whatever else the machine is doing, so schema variants that
+# wall-clock runs cannot tell apart (their ±15-30 % noise) can be compared.
+# What they leave out: time spent waiting (the commit's fsync, the network)
+# and what an instruction costs (cache misses).
+#
+#   bench/server_instructions.sh                  8 jobs per call, 4,000 jobs
+#   bench/server_instructions.sh 8 4000 'DROP INDEX jobs_lease_expiry'
+#   LEAN_VARIANT=without-events bench/server_instructions.sh
+#
+# Prints the pgbench backend's instructions per job (its start-up and the
+# first calls' planning included, the same for every variant). The cluster
+# lives in JOBDECK_CG_CLUSTER (default /tmp/jobdeck-pgcg; made on first use,
+# as the postgres user when run as root) and listens on 127.0.0.1:5499
+# (JOBDECK_CG_PORT) while the script runs. Needs valgrind and the
+# PostgreSQL server binaries (pg_config --bindir, else
+# /usr/lib/postgresql/*/bin).
+set -euo pipefail
+BATCH=${1:-8} JOBS=${2:-4000} EXTRA=${3:-}
+BENCH="$(cd "$(dirname "$0")" && pwd)"
+CLUSTER="${JOBDECK_CG_CLUSTER:-/tmp/jobdeck-pgcg}"
+PORT="${JOBDECK_CG_PORT:-5499}"
+BIN="$(pg_config --bindir 2>/dev/null || true)"
+[ -x "$BIN/postgres" ] || BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+[ -x "$BIN/postgres" ] || { echo "server_instructions.sh: no postgres server binary found" >&2; exit 1; }
+command -v valgrind > /dev/null || { echo "server_instructions.sh: valgrind not found" >&2; exit 1; }
+
+# Postgres refuses to run as root: the cluster is then the postgres user's.
+as_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+if [ ! -f "$CLUSTER/data/PG_VERSION" ]; then
+  mkdir -p "$CLUSTER"
+  [ "$(id -u)" = 0 ] && chown postgres "$CLUSTER"
+  as_owner "$BIN/initdb" -D "$CLUSTER/data" -A trust -U postgres > "$CLUSTER/initdb.log"
+  # The machine's defaults but for what the harness needs: its own port,
+  # no autovacuum (as on the benchmark machine), and each connection's
+  # PID in the log, to find pgbench's backend.
+  cat >> "$CLUSTER/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $PORT
+unix_socket_directories = '$CLUSTER'
+autovacuum = off
+log_connections = on
+log_line_prefix = '%p '
+CONF
+fi
+
+out="$CLUSTER/callgrind"
+as_owner mkdir -p "$out"
+as_owner find "$out" -type f -delete
+log="$CLUSTER/server.log"
+as_owner touch "$log"
+: | as_owner tee "$log" > /dev/null
+stop() { as_owner "$BIN/pg_ctl" -D "$CLUSTER/data" stop -m fast -w > /dev/null 2>&1 || true; }
+trap stop EXIT
+# Every process of the cluster runs under callgrind (pg_ctl cannot start
+# it so): each backend, forked from it, writes its own count at its exit.
+as_owner bash -c "exec valgrind --tool=callgrind --callgrind-out-file='$out/cg.%p' \
+  '$BIN/postgres' -D '$CLUSTER/data' >> '$log' 2>&1" &
+for _ in $(seq 1 120); do pg_isready -q -h 127.0.0.1 -p "$PORT" && break; sleep 1; done
+pg_isready -q -h 127.0.0.1 -p "$PORT" || { echo "server_instructions.sh: the cluster did not start (see $log)" >&2; exit 1; }
+
+lean="$(PGHOST=127.0.0.1 PGPORT="$PORT" PGUSER=postgres "$BENCH/lean.sh" "$BATCH" "$JOBS" "$EXTRA")"
+stop
+trap - EXIT
+
+# pgbench opens one connection to look around and one per client: the
+# client's backend is the one that ran the statements, the largest count.
+total=0
+for pid in $(sed -n 's/^\([0-9]*\) LOG:  connection authorized: .*application_name=pgbench.*/\1/p' "$log"); do
+  n="$(as_owner sed -n 's/^totals: \([0-9]*\).*/\1/p' "$out/cg.$pid" 2>/dev/null || true)"
+  [ -n "$n" ] && [ "$n" -gt "$total" ] && total=$n
+done
+[ "$total" -gt 0 ] || { echo "server_instructions.sh: no callgrind count for pgbench's backend (see $log)" >&2; exit 1; }
+done_jobs="$(sed -n 's/.*(\([0-9]*\) jobs done).*/\1/p' <<< "$lean")"
+python3 -c "print(f'$BATCH per call: {$total / ${done_jobs:-$JOBS}:,.0f} server instructions per job ($total in all, ${done_jobs:-$JOBS} jobs)')"
