@@ -5,7 +5,7 @@
 # call, each call finishing the jobs the one before started, on a fresh
 # database migrated by jobdeck with JOBS queued no-op jobs. SQL given after
 # the numbers runs once the jobs are in, so a change to the schema can be
-# measured without a build (e.g. 'DROP INDEX jobs_lease_expiry').
+# measured without a build (e.g. 'DROP INDEX jobs_finished').
 #
 #   bench/lean.sh                      8 jobs per call, 20,000 jobs
 #   bench/lean.sh 8 20000 'ALTER SEQUENCE lease_tokens CACHE 64'

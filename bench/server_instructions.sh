@@ -10,7 +10,7 @@
 # and what an instruction costs (cache misses).
 #
 #   bench/server_instructions.sh                  8 jobs per call, 4,000 jobs
-#   bench/server_instructions.sh 8 4000 'DROP INDEX jobs_lease_expiry'
+#   bench/server_instructions.sh 8 4000 'ALTER SEQUENCE job_events_id_seq CACHE 64'
 #   LEAN_VARIANT=without-events bench/server_instructions.sh
 #
 # Prints the pgbench backend's instructions per job (its start-up and the
