@@ -54,8 +54,7 @@ out="$CLUSTER/callgrind"
 as_owner mkdir -p "$out"
 as_owner find "$out" -type f -delete
 log="$CLUSTER/server.log"
-as_owner touch "$log"
-: | as_owner tee "$log" > /dev/null
+: | as_owner tee "$log" > /dev/null # a new log for this run
 stop() { as_owner "$BIN/pg_ctl" -D "$CLUSTER/data" stop -m fast -w > /dev/null 2>&1 || true; }
 trap stop EXIT
 # Every process of the cluster runs under callgrind (pg_ctl cannot start

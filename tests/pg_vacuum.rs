@@ -26,14 +26,9 @@ const MOVED: i64 = 2_000;
 
 /// `url` with its database replaced by `db`.
 fn with_database(url: &str, db: &str) -> String {
-    let (head, query) = url
-        .split_once('?')
-        .map_or((url, None), |(h, q)| (h, Some(q)));
-    let server = head.rsplit_once('/').map_or(head, |(s, _)| s);
-    match query {
-        Some(q) => format!("{server}/{db}?{q}"),
-        None => format!("{server}/{db}"),
-    }
+    let mut url = url::Url::parse(url).expect("JOBDECK_TEST_POSTGRES is a URL");
+    url.set_path(db);
+    url.into()
 }
 
 async fn run(conn: &mut PgConnection, sql: &str) {
