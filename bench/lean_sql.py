@@ -29,32 +29,39 @@ def between(text, start, end):
 
 
 macros = {
-    "claim_logged_and_counted!()": literals(
-        between(lean, "macro_rules! claim_logged_and_counted", "pub(super) use claim_logged_and_counted")
-    ),
-    "job_cols!()": literals(between(mod, "macro_rules! job_cols", "macro_rules! success_cols")),
-    "success_cols!()": literals(between(mod, "macro_rules! success_cols", "mod batch;")),
+    "claim_events!()": literals(between(lean, "macro_rules! claim_events", "pub(super) use claim_events")),
+    "net_counts!()": literals(between(lean, "macro_rules! net_counts", "pub(super) use net_counts")),
+    "job_cols!()": literals(between(mod, "macro_rules! job_cols", "macro_rules! brief_cols")),
 }
+# brief_cols!("'state'") puts its argument in the middle of its literals.
+brief = re.search(r'macro_rules! brief_cols.*?"((?:[^"\\]|\\.)*)",\s*\$state,\s*"((?:[^"\\]|\\.)*)"',
+                  mod, re.S)
+if not brief:
+    sys.exit("lean_sql.py: brief_cols! in mod.rs has changed shape; update this script")
 body = between(lean, "const STATEMENT: &str = concat!(", ");\n")
 parts = []
-for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|[a-z_]+!\(\)', body, re.S):
+for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|[a-z_]+!\(\)|brief_cols!\("([^"]*)"\)', body, re.S):
     token = m.group(0)
-    parts.append(macros[token] if token in macros else re.sub(r"\\\n\s*", " ", m.group(1)))
+    if token.startswith("brief_cols!"):
+        parts.append(literals(f'"{brief.group(1)}"') + m.group(2) + literals(f'"{brief.group(2)}"'))
+    elif token in macros:
+        parts.append(macros[token])
+    else:
+        parts.append(re.sub(r"\\\n\s*", " ", m.group(1)))
 sql = "".join(parts)
 if "$10" not in sql or "SELECT id, pipeline" not in sql:
     sys.exit("lean_sql.py: lean_cycle.rs's statement has changed shape; update this script")
 variant = sys.argv[1] if len(sys.argv) > 1 else ""
 if variant == "without-events":
-    done_logged = re.search(r"done_logged AS \(.*?\), picked AS", sql, re.S)
-    claim_logged = re.search(r"claim_logged AS \(.*?\), moved AS", sql, re.S)
-    if not (done_logged and claim_logged):
+    logged = re.search(r"done_logged AS \(.*?\), counted AS", sql, re.S)
+    if not logged:
         sys.exit("lean_sql.py: the statement's event inserts have changed shape; update this script")
-    sql = sql.replace(done_logged.group(0), "picked AS").replace(claim_logged.group(0), "moved AS")
+    sql = sql.replace(logged.group(0), "counted AS")
 elif variant:
     sys.exit(f"lean_sql.py: unknown variant {variant!r} (known: without-events)")
 
 # The engine reads the rows; pgbench keeps the running jobs' ids and tokens.
-i = sql.rindex(" SELECT id, pipeline")
+i = sql.index(" SELECT id, pipeline")
 sql = (
     sql[:i].rstrip()
     + ", r AS ("

@@ -22,7 +22,7 @@
 
 use sqlx::PgConnection;
 
-use super::lean_cycle::{Lean, claim_logged_and_counted, send};
+use super::lean_cycle::{Lean, claim_events, net_counts, send};
 use crate::store::{CycleRequest, Result};
 
 /// The statement, with the parameters of `lean_cycle::send`. The successes
@@ -44,7 +44,7 @@ const STATEMENT: &str = concat!(
              RETURNING jobs.id, jobs.lease_token, jobs.target, jobs.lock_fence \
          ), done_logged AS ( \
              INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
-             SELECT id, 'running', 'succeeded', $3, '' FROM done ORDER BY id \
+             SELECT id, 'running', 'succeeded', $3, '' FROM done \
          ), candidates AS ( \
              SELECT j.id, j.pipeline, j.target, j.priority, j.due_at FROM jobs j \
              WHERE j.state = 'queued' AND j.due_at <= now() AND j.pipeline = ANY ($4::text[]) \
@@ -106,12 +106,24 @@ const STATEMENT: &str = concat!(
                                    ELSE jobs.backoff_ms END \
              FROM plan WHERE jobs.id = plan.id \
              RETURNING jobs.* \
-         ), ",
-    claim_logged_and_counted!(),
+         ), claim_logged AS ( \
+             INSERT INTO job_events (job_id, from_state, to_state, actor, detail) \
+             SELECT c.id, e.from_state, e.to_state, $3, e.detail FROM claimed c ",
+    claim_events!(),
+    " ), counted AS ( \
+             INSERT INTO job_state_deltas (state, n) \
+             SELECT d.state, d.n FROM ( \
+                 SELECT (SELECT count(*) FROM done) AS done, \
+                        count(*) FILTER (WHERE state = 'running') AS started, \
+                        count(*) FILTER (WHERE state = 'leased') AS leased \
+                 FROM claimed \
+             ) m ",
+    net_counts!(),
+    " ) SELECT ",
     job_cols!(),
     " FROM claimed UNION ALL SELECT ",
-    success_cols!(),
-    " FROM done ORDER BY priority DESC, due_at, id"
+    brief_cols!("'succeeded'"),
+    " FROM done"
 );
 
 /// Finish the request's successes (all of its finishes must be) and claim

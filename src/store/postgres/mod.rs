@@ -39,16 +39,21 @@ macro_rules! job_cols {
     };
 }
 
-/// A success's row in the shape of `job_cols!` from the cycle statements'
-/// `done` (id, lease token, target): the store reads nothing else of it,
-/// and 8 whole rows per cycle (their JSON turned to text, sorted and sent)
-/// cost the server for nothing.
-macro_rules! success_cols {
-    () => {
-        "id, NULL, target, NULL, 'succeeded', NULL, NULL, NULL, \
-         NULL, NULL, NULL, lease_token, NULL, NULL, \
-         NULL, NULL, NULL, NULL, NULL, NULL, \
-         NULL, NULL"
+/// A row in the shape of `job_cols!` that carries only the id, the target,
+/// the lease token and the given state: all the store reads of the cycle
+/// statements' successes (`'succeeded'`) and of the queued jobs the lean
+/// claim passes over (`'queued'`). 8 whole rows per cycle (their JSON
+/// turned to text, sorted and sent) cost the server for nothing.
+macro_rules! brief_cols {
+    ($state:literal) => {
+        concat!(
+            "id, NULL, target, NULL, ",
+            $state,
+            ", NULL, NULL, NULL, \
+             NULL, NULL, NULL, lease_token, NULL, NULL, \
+             NULL, NULL, NULL, NULL, NULL, NULL, \
+             NULL, NULL"
+        )
     };
 }
 
