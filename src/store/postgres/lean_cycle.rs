@@ -408,13 +408,8 @@ mod tests {
         assert_eq!(ids, vec![high, low]);
 
         for id in first {
-            let moves: Vec<(Option<State>, State)> = store
-                .job_events(id)
-                .await
-                .unwrap()
-                .iter()
-                .map(|e| (e.from, e.to))
-                .collect();
+            let events = store.job_events(id).await.unwrap();
+            let moves: Vec<_> = events.iter().map(|e| (e.from, e.to)).collect();
             assert_eq!(
                 moves,
                 vec![
