@@ -10,8 +10,8 @@
 //!   (migration 0012) before anything is written, as does a session on
 //!   which the count trigger is on (the statement counts its moves);
 //! - a queued job with a target among the claim's candidates is left
-//!   queued and returned as it is, so the store can claim it through the
-//!   statement with locks in the same call.
+//!   queued and returned (in brief: `brief_cols!`), so the store can claim
+//!   it through the statement with locks in the same call.
 //!
 //! Runs on the engine's own connections, whose settings (`engine_conn`)
 //! are the function's: the trigger leaves the counting to the statement,
@@ -115,7 +115,7 @@ pub(super) use net_counts;
 /// `UPDATE`, whose start-up (the table's indexes opened, its CHECK and the
 /// count trigger's `WHEN` read back from their stored text) the server
 /// paid twice per call with one `UPDATE` each; with that and no sorts the
-/// server ran 15 % fewer instructions per job (session 21 in
+/// server runs 14 % fewer instructions per job (session 21 in
 /// bench/HISTORY.md).
 /// - The engine's setting is checked on every row before the `UPDATE`
 ///   gets it (each success in `moves`, each candidate in `picked`): on a

@@ -43,7 +43,7 @@ macro_rules! job_cols {
 /// the lease token and the given state: all the store reads of the cycle
 /// statements' successes (`'succeeded'`) and of the queued jobs the lean
 /// claim passes over (`'queued'`). 8 whole rows per cycle (their JSON
-/// turned to text, sorted and sent) cost the server for nothing.
+/// turned to text and sent) cost the server for nothing.
 macro_rules! brief_cols {
     ($state:literal) => {
         concat!(
