@@ -29,6 +29,7 @@ def between(text, start, end):
 
 
 macros = {
+    "engine_counts!()": literals(between(lean, "macro_rules! engine_counts", "pub(super) use engine_counts")),
     "claim_events!()": literals(between(lean, "macro_rules! claim_events", "pub(super) use claim_events")),
     "net_counts!()": literals(between(lean, "macro_rules! net_counts", "pub(super) use net_counts")),
     "job_cols!()": literals(between(mod, "macro_rules! job_cols", "macro_rules! brief_cols")),

@@ -1,4 +1,5 @@
-# Sourced by the pgbench harnesses (cycle.sh, lean.sh): where the scripts
+# Sourced by the pgbench harnesses (cycle.sh, lean.sh) and by
+# server_instructions.sh --engine: where the scripts
 # and the repo are, the Postgres to reach, and the jobdeck binary that
 # migrates their fresh databases (built when missing).
 BENCH="$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)"

@@ -82,8 +82,7 @@ pg_isready -q -h 127.0.0.1 -p "$PORT" || { echo "server_instructions.sh: the clu
 count() { as_owner sed -n 's/^totals: \([0-9]*\).*/\1/p' "$out/cg.$1" 2>/dev/null || true; }
 
 if [ -n "$ENGINE" ]; then
-  JOBDECK="${JOBDECK_BIN:-$(dirname "$BENCH")/target/release/jobdeck}"
-  [ -x "$JOBDECK" ] || (cd "$(dirname "$BENCH")" && cargo build --release --quiet)
+  source "$BENCH/pg_harness.sh" # the jobdeck binary, built when missing
   psql -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c "DROP DATABASE IF EXISTS bench_engine" \
     -c "CREATE DATABASE bench_engine"
   "$JOBDECK" bench --db "postgres://postgres@127.0.0.1:$PORT/bench_engine" --jobs "$JOBS" \

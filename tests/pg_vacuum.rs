@@ -8,10 +8,7 @@
 
 mod common;
 
-use std::str::FromStr;
-
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgConnection};
+use sqlx::{Connection, PgConnection};
 
 use common::postgres_url;
 
@@ -88,11 +85,7 @@ async fn vacuum_clears_the_claim_index_of_claimed_jobs() {
     let url = with_database(&base, &db);
     let store = jobdeck::store::connect(&url).await.unwrap(); // migrates
     drop(store);
-    let mut conn = PgConnectOptions::from_str(&url)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let mut conn = PgConnection::connect(&url).await.unwrap();
     run(
         &mut conn,
         &format!(

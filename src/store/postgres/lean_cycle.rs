@@ -77,6 +77,20 @@ pub(super) enum Lean {
     Refused,
 }
 
+/// The engine's setting, checked on a row the cycle statements are about
+/// to write: true on the engine's own connections, where the count trigger
+/// leaves the counting to the statement; elsewhere the statement stops
+/// with `JDL01` before anything is written. A filter on each row, since
+/// `jobdeck_lean_cycle_refuses` is volatile: both branches of a cycle's
+/// writes need it. Shared by both cycle statements.
+macro_rules! engine_counts {
+    () => {
+        "(current_setting('jobdeck.cycle_counts', true) IS NOT DISTINCT FROM 'on' \
+          OR jobdeck_lean_cycle_refuses('the count trigger is on'))"
+    };
+}
+pub(super) use engine_counts;
+
 /// The claim's events of a claimed row `c`, as a lateral list to join to
 /// it: queued → leased, and for a started job (state running) leased →
 /// running with its attempt and fence. A nested loop over the claimed
@@ -117,12 +131,10 @@ pub(super) use net_counts;
 /// paid twice per call with one `UPDATE` each; with that and no sorts the
 /// server runs 14 % fewer instructions per job (session 21 in
 /// bench/HISTORY.md).
-/// - The engine's setting is checked on every row before the `UPDATE`
-///   gets it (each success in `moves`, each candidate in `picked`): on a
-///   session where the count trigger would count the moves too, the
-///   statement stops before anything is written. The check is a filter
-///   on each row, not one evaluated once per call, since
-///   `jobdeck_lean_cycle_refuses` is volatile: hence on both branches.
+/// - The engine's setting (`engine_counts!`) is checked on every row
+///   before the `UPDATE` gets it (each success in `moves`, each candidate
+///   in `picked`): on a session where the count trigger would count the
+///   moves too, the statement stops before anything is written.
 /// - The successes come first in `moves`, in the order given (`send`
 ///   sorts them by id), and each is found by its primary key: they are
 ///   locked in id order, as the renewal locks them, before the claimed
@@ -137,17 +149,17 @@ const STATEMENT: &str = concat!(
     "WITH picked AS ( \
              SELECT q.id, q.pipeline, q.target, q.lease_token FROM jobs q \
              WHERE q.state = 'queued' AND q.due_at <= now() AND q.pipeline = ANY ($4::text[]) \
-               AND (current_setting('jobdeck.cycle_counts', true) IS NOT DISTINCT FROM 'on' \
-                    OR jobdeck_lean_cycle_refuses('the count trigger is on')) \
-             ORDER BY q.priority DESC, q.due_at, q.id \
+               AND ",
+    engine_counts!(),
+    " ORDER BY q.priority DESC, q.due_at, q.id \
              LIMIT $5 \
              FOR UPDATE OF q SKIP LOCKED \
          ), moves AS ( \
              SELECT t.id, t.token, NULL::int AS i, true AS done \
              FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token) \
-             WHERE current_setting('jobdeck.cycle_counts', true) IS NOT DISTINCT FROM 'on' \
-                OR jobdeck_lean_cycle_refuses('the count trigger is on') \
-             UNION ALL \
+             WHERE ",
+    engine_counts!(),
+    " UNION ALL \
              SELECT p.id, NULL, array_position($7::text[], p.pipeline), false \
              FROM picked p WHERE p.target IS NULL \
          ), written AS ( \
