@@ -3,9 +3,10 @@
 -- candidate, and each probe's descent compares text at every level:
 -- under the database's collation each comparison went through strcoll
 -- (on a C.UTF-8 database too; only "C" and "POSIX" take Postgres's
--- memcmp path), about 700 comparisons per cycle of 8 jobs. jobdeck only
--- ever asks these columns for equality and for one fixed order (the
--- targets' lock order), which byte order gives as well as any.
+-- memcmp path), about 700 comparisons per cycle of 8 jobs. jobdeck asks
+-- these columns for equality and for one order of targets (the order in
+-- which every statement takes locks, and the Locks pane's), which byte
+-- order gives as well as any; on a C.UTF-8 database it is the same order.
 
 -- The trigger names `state` (its WHEN and its column list), which keeps
 -- the column's type from changing under it.

@@ -33,14 +33,15 @@ use crate::store::{CycleRequest, Result};
 /// locks. The engine's setting (`engine_counts!`) is checked on each
 /// success and each candidate before anything is written (0.85 % fewer
 /// server instructions per job than reading it once through a common
-/// table expression; session 21 in bench/HISTORY.md). Neither the
-/// successes nor the claimed jobs are joined to a row source outside
-/// `jobs`: each such source of an `UPDATE ... FROM` gets a whole-row copy
-/// of every row it yields, for a concurrent update's recheck, built anew
-/// at each of a nested loop's rescans. The successes' tokens are looked up
-/// by `array_position`, and `plan` is materialized so that the claim's
-/// `UPDATE` reads one narrow row per job (together 3.2 % fewer server
-/// instructions per job with 100 targets; session 22 in bench/HISTORY.md).
+/// table expression; session 21 in bench/HISTORY.md). Every row source
+/// an `UPDATE ... FROM` joins to its table yields a whole-row copy of each
+/// of its rows too (for the recheck after a concurrent update), built anew
+/// at each rescan of a nested loop. So the successes' `UPDATE` joins
+/// nothing (each token is looked up by `array_position`), and the claim's
+/// joins `plan` materialized, one narrow row per job, where Postgres would
+/// inline it into a nested loop that rebuilt the copy of every `taken` row
+/// for every picked job (together 3.2 % fewer server instructions per job
+/// with 100 targets; session 22 in bench/HISTORY.md).
 const STATEMENT: &str = concat!(
     "WITH done AS ( \
              UPDATE jobs SET state = 'succeeded', finished_at = now(), lease_expires_at = NULL \
