@@ -290,6 +290,68 @@ async fn snapshot_explains_waits_and_carries_the_detail() {
     assert!(detail.events.iter().any(|e| e.to == State::Running));
 }
 
+/// The Running slots the console shows come from the engine's status:
+/// every running job with the step it is on, then none once they end.
+#[tokio::test]
+async fn the_engine_status_follows_its_running_jobs() {
+    let (store, dir) = sqlite_store().await;
+    let config = jobdeck::config::parse(
+        r#"
+[[pipeline]]
+name = "two"
+[[pipeline.step]]
+name = "first"
+builtin = "sleep"
+duration = "300ms"
+[[pipeline.step]]
+name = "second"
+builtin = "sleep"
+duration = "300ms"
+"#,
+        "test.toml",
+    )
+    .unwrap();
+    let ids = [
+        enqueue(&store, "two", None).await,
+        enqueue(&store, "two", None).await,
+    ];
+    let engine = jobdeck::engine::start(
+        store.clone(),
+        Arc::new(config),
+        jobdeck::engine::EngineOptions {
+            slots: Some(2),
+            scheduler: false,
+            log_dir: dir.path().to_path_buf(),
+        },
+    );
+    let mut status = engine.subscribe();
+    let on_step = |s: &jobdeck::engine::EngineStatus, name: &str| {
+        s.running.len() == 2 && s.running.iter().all(|r| r.step_name == name)
+    };
+    for step in ["first", "second"] {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            status.wait_for(|s| on_step(s, step)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("both jobs shown on their {step} step"))
+        .unwrap();
+    }
+    let running: Vec<i64> = status.borrow().running.iter().map(|r| r.job_id).collect();
+    assert_eq!(running, ids);
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        status.wait_for(|s| s.running.is_empty()),
+    )
+    .await
+    .expect("no job shown once both ended")
+    .unwrap();
+    engine.stop().await;
+    for id in ids {
+        assert_eq!(store.get_job(id).await.unwrap().state, State::Succeeded);
+    }
+}
+
 #[tokio::test]
 async fn node_pause_and_slots_go_through_the_engine() {
     let (store, dir) = sqlite_store().await;

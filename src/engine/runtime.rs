@@ -34,6 +34,8 @@ pub struct Ctx {
     pub finishes: FinishQueue,
     specs: Vec<(String, StartSpec)>,
     status: watch::Sender<EngineStatus>,
+    /// A publish of the slots' state is scheduled and has not read them yet.
+    publish_pending: AtomicBool,
     paused: AtomicBool,
     slots: std::sync::atomic::AtomicUsize,
 }
@@ -79,6 +81,7 @@ impl Ctx {
             registry,
             wake: Arc::new(Notify::new()),
             status,
+            publish_pending: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             slots: slots.into(),
         };
@@ -111,8 +114,24 @@ impl Ctx {
         }
     }
 
-    /// Publish the slots' state to the handle.
-    pub fn publish(&self) {
+    /// Publish the slots' state to the handle, soon: every job's start, step
+    /// and end asks for it, and each reading copies every running slot's
+    /// status, so the requests made while other tasks are ready (a cycle's
+    /// jobs start and end together) share one reading, taken once they
+    /// have run. A request made after the reading began schedules another.
+    pub fn publish(self: &Arc<Self>) {
+        if self.publish_pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            ctx.publish_pending.store(false, Ordering::Release);
+            ctx.publish_now();
+        });
+    }
+
+    fn publish_now(&self) {
         let (running, leased) = self.registry.occupancy();
         self.status.send_modify(|s| {
             s.running = running;
@@ -259,7 +278,8 @@ pub async fn run(
     if let Err(e) = r {
         tracing::warn!("deregister worker: {e}");
     }
-    ctx.publish();
+    // Read now: no scheduled publish may land after `stopped`.
+    ctx.publish_now();
     ctx.status.send_modify(|s| s.stopped = true);
     tracing::info!("engine stopped");
 }
