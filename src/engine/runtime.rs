@@ -278,7 +278,7 @@ pub async fn run(
     if let Err(e) = r {
         tracing::warn!("deregister worker: {e}");
     }
-    // Read now: no scheduled publish may land after `stopped`.
+    // Read now, so that the status is current when `stopped` is set.
     ctx.publish_now();
     ctx.status.send_modify(|s| s.stopped = true);
     tracing::info!("engine stopped");
