@@ -290,6 +290,23 @@ async fn snapshot_explains_waits_and_carries_the_detail() {
     assert!(detail.events.iter().any(|e| e.to == State::Running));
 }
 
+/// An engine of two slots on `store`, without the scheduler.
+fn two_slot_engine(
+    store: &Store,
+    config: jobdeck::config::Config,
+    dir: &tempfile::TempDir,
+) -> jobdeck::engine::EngineHandle {
+    jobdeck::engine::start(
+        store.clone(),
+        Arc::new(config),
+        jobdeck::engine::EngineOptions {
+            slots: Some(2),
+            scheduler: false,
+            log_dir: dir.path().to_path_buf(),
+        },
+    )
+}
+
 /// The Running slots the console shows come from the engine's status:
 /// every running job with the step it is on, then none once they end.
 #[tokio::test]
@@ -315,15 +332,7 @@ duration = "300ms"
         enqueue(&store, "two", None).await,
         enqueue(&store, "two", None).await,
     ];
-    let engine = jobdeck::engine::start(
-        store.clone(),
-        Arc::new(config),
-        jobdeck::engine::EngineOptions {
-            slots: Some(2),
-            scheduler: false,
-            log_dir: dir.path().to_path_buf(),
-        },
-    );
+    let engine = two_slot_engine(&store, config, &dir);
     let mut status = engine.subscribe();
     let on_step = |s: &jobdeck::engine::EngineStatus, name: &str| {
         s.running.len() == 2 && s.running.iter().all(|r| r.step_name == name)
@@ -355,16 +364,7 @@ duration = "300ms"
 #[tokio::test]
 async fn node_pause_and_slots_go_through_the_engine() {
     let (store, dir) = sqlite_store().await;
-    let config = Arc::new(jobdeck::config::Config::default_empty());
-    let engine = jobdeck::engine::start(
-        store.clone(),
-        config,
-        jobdeck::engine::EngineOptions {
-            slots: Some(2),
-            scheduler: false,
-            log_dir: dir.path().to_path_buf(),
-        },
-    );
+    let engine = two_slot_engine(&store, jobdeck::config::Config::default_empty(), &dir);
     let c = Ctx {
         engine: Some(engine.clone()),
         ..ctx(&store)
