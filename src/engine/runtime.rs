@@ -177,8 +177,11 @@ pub async fn run(
     loops.spawn(heartbeat::run(ctx.clone(), background.clone()));
     loops.spawn(reaper::run(ctx.clone(), background.clone()));
     loops.spawn(notices::run(ctx.clone(), background.clone()));
+    // A draining node fires no more schedules: the jobs it fired would
+    // wait for another node, and the nodes still up fire the slots.
+    let firing = background.child_token();
     if ctx.opts.scheduler {
-        loops.spawn(scheduler::run(ctx.clone(), background.clone()));
+        loops.spawn(scheduler::run(ctx.clone(), firing.clone()));
     }
 
     let mut jobs = JoinSet::new();
@@ -234,6 +237,7 @@ pub async fn run(
                         tracing::info!("draining: running jobs get {grace:?}");
                         let until = tokio::time::Instant::now() + grace;
                         drain_deadline = Some(until);
+                        firing.cancel();
                         ctx.set_draining(Some(until.into_std()));
                         ctx.registry.signal_all(JobSignal::Drain);
                     }
@@ -241,6 +245,7 @@ pub async fn run(
                     Some(Control::Stop) | None => {
                         let now = tokio::time::Instant::now();
                         drain_deadline = Some(now);
+                        firing.cancel();
                         ctx.set_draining(Some(now.into_std()));
                         ctx.registry.signal_all(JobSignal::Drain);
                         ctx.registry.signal_all(JobSignal::Shutdown);
