@@ -237,17 +237,13 @@ pub async fn run(
                         tracing::info!("draining: running jobs get {grace:?}");
                         let until = tokio::time::Instant::now() + grace;
                         drain_deadline = Some(until);
-                        firing.cancel();
-                        ctx.set_draining(Some(until.into_std()));
-                        ctx.registry.signal_all(JobSignal::Drain);
+                        begin_drain(&ctx, &firing, until);
                     }
                     Some(Control::Drain(_)) => {}
                     Some(Control::Stop) | None => {
                         let now = tokio::time::Instant::now();
                         drain_deadline = Some(now);
-                        firing.cancel();
-                        ctx.set_draining(Some(now.into_std()));
-                        ctx.registry.signal_all(JobSignal::Drain);
+                        begin_drain(&ctx, &firing, now);
                         ctx.registry.signal_all(JobSignal::Shutdown);
                         shutdown_sent = true;
                     }
@@ -287,6 +283,14 @@ pub async fn run(
     ctx.publish_now();
     ctx.status.send_modify(|s| s.stopped = true);
     tracing::info!("engine stopped");
+}
+
+/// What a drain starts, whether its grace is long or none: no more
+/// schedule fires, the status shows the deadline, the jobs are told.
+fn begin_drain(ctx: &Ctx, firing: &CancellationToken, until: tokio::time::Instant) {
+    firing.cancel();
+    ctx.set_draining(Some(until.into_std()));
+    ctx.registry.signal_all(JobSignal::Drain);
 }
 
 /// The configured cycles in flight, as many as the backend runs side by

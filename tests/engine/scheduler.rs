@@ -7,7 +7,7 @@ use std::time::Duration;
 use jobdeck::job::State;
 use nix::sys::signal::Signal;
 
-use crate::harness::{Env, Kind, now_ns};
+use crate::harness::{Env, Kind, eventually, now_ns};
 use crate::on_both_backends;
 use crate::scripts::{pipeline, step_pid, workers};
 
@@ -140,7 +140,7 @@ async fn draining_node_fires_no_more(env: Env) {
 
 /// Waits for the schedule's first fire.
 async fn eventually_fired(env: &Env) {
-    crate::harness::eventually(
+    eventually(
         "the schedule to fire",
         Duration::from_secs(10),
         async || (!fires(env).await.is_empty()).then_some(()),
