@@ -106,6 +106,39 @@ contract_test!(claim_order_batch_and_filters, |store| async move {
     assert_eq!(got[0].lease_owner.as_deref(), Some("w-3"));
 });
 
+// Of a target's queued jobs the claim takes the one it would take first
+// without targets: highest priority, then earliest due, then lowest id.
+contract_test!(
+    one_job_per_target_is_its_first_in_claim_order,
+    |store| async move {
+        let now = store.now().await.unwrap();
+        let at = |target: &str, secs_ago: i64, priority: i32| NewJob {
+            run_at: Some(now - chrono::Duration::seconds(secs_ago)),
+            priority,
+            ..new_job("p", Some(target))
+        };
+        // t: the later-enqueued, higher-priority job wins over an older one.
+        enqueue_job(&store, at("t", 30, 0)).await;
+        let t_first = enqueue_job(&store, at("t", 1, 5)).await;
+        // u: equal priority, the earlier due time wins over the lower id.
+        enqueue_job(&store, at("u", 1, 2)).await;
+        let u_first = enqueue_job(&store, at("u", 20, 2)).await;
+        // v: equal priority and due time, the lower id wins.
+        let v_first = enqueue_job(&store, at("v", 10, 1)).await;
+        enqueue_job(&store, at("v", 10, 1)).await;
+        let got = store
+            .claim(&claim_req("w-1", &["p"], 10, LONG))
+            .await
+            .unwrap();
+        let ids: Vec<i64> = got.iter().map(|j| j.id).collect();
+        assert_eq!(
+            ids,
+            vec![t_first, u_first, v_first],
+            "one per target, in claim order"
+        );
+    }
+);
+
 contract_test!(
     one_job_per_target_and_busy_targets_skipped,
     |store| async move {

@@ -276,14 +276,21 @@ impl SqliteStore {
 /// busy engine); a LIMIT expression keeps the prepared plan.
 /// Candidates come from the claim index in claim order, already without
 /// blocked targets; a window of twice the request (as on Postgres) leaves
-/// room for same-target duplicates, and the window function then keeps
-/// the first job per target (a job without target is its own partition).
+/// room for same-target duplicates, of which `pick` keeps the first per
+/// target: a targeted candidate with another of its target ahead of it in
+/// claim order is dropped. A job without a target passes at once, which is
+/// why this is not `ROW_NUMBER() OVER (PARTITION BY target …)`: the window
+/// function sorted every candidate by target at every claim, targets or
+/// none, and the claim then sorted them again (the cycle's writer ran 12 %
+/// fewer instructions per untargeted job without it; bench/HISTORY.md,
+/// session 24). `cand` is materialized so that the probe of `ahead` reads
+/// the candidates, not the claim index again.
 /// The leased-sibling probe is pinned to the per-target index (its IN term
 /// lets the partial index apply): through the state index it would scan
 /// every leased job for each candidate.
 macro_rules! claim_picks {
     () => {
-        "WITH cand AS (
+        "WITH cand AS MATERIALIZED (
             SELECT id, pipeline, target, priority, due_at FROM jobs INDEXED BY jobs_claim
             WHERE state = 'queued' AND due_at <= ?1
               AND pipeline IN (SELECT value FROM json_each(?2))
@@ -299,13 +306,12 @@ macro_rules! claim_picks {
                                     AND o.state IN ('leased','running','stale'))))
             ORDER BY priority DESC, due_at, id
             LIMIT ?3 * 2 + 2
-        ), ranked AS (
-            SELECT id, pipeline, target, priority, due_at, ROW_NUMBER() OVER (
-                PARTITION BY target, CASE WHEN target IS NULL THEN id END
-                ORDER BY priority DESC, due_at, id) AS rn
-            FROM cand
         ), pick AS (
-            SELECT id, pipeline, target FROM ranked WHERE rn = 1
+            SELECT id, pipeline, target FROM cand
+            WHERE target IS NULL OR NOT EXISTS (
+                SELECT 1 FROM cand ahead WHERE ahead.target = cand.target
+                  AND (-ahead.priority, ahead.due_at, ahead.id)
+                      < (-cand.priority, cand.due_at, cand.id))
             ORDER BY priority DESC, due_at, id
             LIMIT CAST(?3 AS INTEGER)
         )"
