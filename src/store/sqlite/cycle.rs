@@ -40,7 +40,7 @@ use sqlx::{Either, Executor};
 
 use super::awake::collect_awake;
 use super::batch::{finish_answers, finish_one_by_one, succeed_jobs};
-use super::rows::{job_cols, job_from_row, lease_of, lease_pairs, ms, now_ms, to_json};
+use super::rows::{job_cols, job_from_row, lease_lists, lease_of, ms, now_ms, to_json};
 use super::worker::{claim_picks, sort_claim_order};
 use super::{SqliteStore, Unbegun, WriteTx};
 use crate::job::{Job, State};
@@ -49,16 +49,17 @@ use crate::store::{
 };
 
 /// The successes' events, written before [`succeed_jobs`] with its
-/// predicate (a running job whose lease is listed), in the request's order.
-/// Parameters: ?1 now, ?8 the finishing leases, ?10 the actor.
+/// predicate (a running job whose lease is listed). Unsorted: one event per
+/// job, so no job's history depends on their order. Parameters: ?1 now,
+/// ?4 the finishing jobs, ?8 their lease tokens (in the same order), ?10
+/// the actor.
 macro_rules! success_events {
     () => {
         "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
          SELECT jobs.id, ?1, 'running', 'succeeded', ?10, ''
-         FROM json_each(?8) AS lease
-         JOIN jobs ON jobs.id = lease.value ->> 0 AND jobs.lease_token = lease.value ->> 1
-         WHERE jobs.state = 'running'
-         ORDER BY lease.key"
+         FROM json_each(?4) AS lease
+         JOIN jobs ON jobs.id = lease.value AND jobs.lease_token = ?8 ->> lease.key
+         WHERE jobs.state = 'running'"
     };
 }
 
@@ -138,25 +139,27 @@ macro_rules! write_locks {
     };
 }
 
-/// The claim's events, in claim order: each job queued → leased, and a
-/// started one leased → running with the detail of
-/// [`crate::store::start_detail`]. Its `state <> 'queued'` is the state
-/// index's condition, which SQLite must see to use it (migration 0006).
-/// Parameters: ?1 now, ?5 worker, ?9 the cycle's lease token, ?10 the
-/// actor.
+/// The claim's events: each job queued → leased, and a started one leased
+/// → running with the detail of [`crate::store::start_detail`]. The moves
+/// are the outer loop (SQLite keeps a `CROSS JOIN`'s left side outside),
+/// so every job's `queued → leased` is written before any `leased →
+/// running`, and each job's history is in order without sorting the rows
+/// (a temporary b-tree at every cycle). Its `state <> 'queued'` is the
+/// state index's condition, which SQLite must see to use it (migration
+/// 0006). Parameters: ?1 now, ?5 worker, ?9 the cycle's lease token, ?10
+/// the actor.
 macro_rules! claim_events {
     () => {
         "INSERT INTO job_events (job_id, at, from_state, to_state, actor, detail)
          SELECT j.id, ?1, m.from_state, m.to_state, ?10,
              iif(m.step = 0, '', 'attempt ' || j.attempt
                  || iif(j.lock_fence IS NULL, '', ', fence ' || j.lock_fence))
-         FROM jobs j INDEXED BY jobs_state
-         JOIN (SELECT 0 AS step, 'queued' AS from_state, 'leased' AS to_state
+         FROM (SELECT 0 AS step, 'queued' AS from_state, 'leased' AS to_state
                UNION ALL SELECT 1, 'leased', 'running') m
-           ON m.step = 0 OR j.state = 'running'
-         WHERE j.state IN ('leased','running') AND j.state <> 'queued'
-           AND j.lease_owner = ?5 AND j.lease_token = ?9
-         ORDER BY j.priority DESC, j.due_at, j.id, m.step"
+         CROSS JOIN jobs j INDEXED BY jobs_state
+         WHERE (m.step = 0 OR j.state = 'running')
+           AND j.state IN ('leased','running') AND j.state <> 'queued'
+           AND j.lease_owner = ?5 AND j.lease_token = ?9"
     };
 }
 
@@ -182,7 +185,7 @@ macro_rules! cycle_statements {
         concat!(
             success_events!(),
             ";\n",
-            succeed_jobs!("?1", "?8"),
+            succeed_jobs!("?1", "?4", "?8"),
             ";\n",
             claim_and_start_jobs!(),
             ";\n",
@@ -273,7 +276,7 @@ async fn write_cycle(
         .iter()
         .map(|(p, s)| (p, ms(s.lease), s.on_stale.as_str(), ms(s.backoff)))
         .collect::<Vec<_>>();
-    let finishing = successes.iter().map(|l| l.id).collect::<Vec<_>>();
+    let (finishing, tokens) = lease_lists(successes)?;
     // Without a claim, the same query with nothing to claim.
     let (pipelines, limit, lease, owner) = match claim {
         Some(c) => (
@@ -293,11 +296,11 @@ async fn write_cycle(
         .bind(now)
         .bind(pipelines)
         .bind(limit)
-        .bind(to_json(&finishing)?)
+        .bind(finishing)
         .bind(owner)
         .bind(lease)
         .bind(to_json(&specs)?)
-        .bind(lease_pairs(successes)?)
+        .bind(tokens)
         .bind(rand::random::<i64>())
         .bind(worker);
     for _ in 0..SPARE_ARGUMENTS {

@@ -42,10 +42,16 @@ pub(super) fn ms(d: Duration) -> i64 {
         .min(i64::MAX / 4)
 }
 
-/// Leases as a JSON list of `[id, token]` pairs, read back with
-/// `json_each` (one bound parameter for a whole batch).
-pub(super) fn lease_pairs(leases: &[crate::store::LeaseRef]) -> Result<String> {
-    to_json(&leases.iter().map(|l| [l.id, l.token]).collect::<Vec<_>>())
+/// Leases as two JSON lists of the same length, their ids and their
+/// tokens: `json_each(ids) AS lease` joined to `jobs.id = lease.value AND
+/// jobs.lease_token = tokens ->> lease.key` (SQLite parses `tokens` once
+/// per statement), where a list of pairs had each pair's text parsed
+/// again at every `->>`.
+pub(super) fn lease_lists(leases: &[crate::store::LeaseRef]) -> Result<(String, String)> {
+    Ok((
+        to_json(&leases.iter().map(|l| l.id).collect::<Vec<_>>())?,
+        to_json(&leases.iter().map(|l| l.token).collect::<Vec<_>>())?,
+    ))
 }
 
 /// The lease of a row that returned `id` and `lease_token`.

@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::SqliteConnection;
 
 use super::SqliteStore;
-use super::rows::{self, event, job_cols, job_from_row, lease_pairs, ms, now_ms};
+use super::rows::{self, event, job_cols, job_from_row, lease_lists, ms, now_ms};
 use crate::job::{self, Job, State};
 use crate::store::{
     ClaimRequest, LeaseRef, Outcome, Renewal, Result, StartOutcome, StartSpec, StoreError,
@@ -119,7 +119,7 @@ impl SqliteStore {
     ) -> Result<Vec<(LeaseRef, Renewal)>> {
         let pipelines = serde_json::to_string(&worker.pipelines)
             .map_err(|e| StoreError::Invalid(format!("bad pipeline list: {e}")))?;
-        let pairs = lease_pairs(leases)?;
+        let (ids, tokens) = lease_lists(leases)?;
         let mut tx = self.begin_urgent().await?;
         let now = now_ms();
         sqlx::query(
@@ -142,25 +142,25 @@ impl SqliteStore {
         .await?;
         let rows = sqlx::query(
             "UPDATE jobs SET lease_expires_at = MAX(COALESCE(lease_expires_at, 0), ?1 + ?2)
-             WHERE state IN ('leased', 'running')
-               AND (id, lease_token) IN (SELECT json_extract(value, '$[0]'),
-                                                json_extract(value, '$[1]')
-                                         FROM json_each(?3))
+             FROM json_each(?3) AS lease
+             WHERE jobs.id = lease.value AND jobs.lease_token = ?4 ->> lease.key
+               AND jobs.state IN ('leased', 'running')
              RETURNING id, lease_token, lease_expires_at,
                  cancel_requested_at IS NOT NULL AS cancel_requested",
         )
         .bind(now)
         .bind(ms(lease))
-        .bind(&pairs)
+        .bind(&ids)
+        .bind(&tokens)
         .fetch_all(&mut *tx)
         .await?;
         // Locks are never released by time; their expiry is only shown.
         sqlx::query(
             "UPDATE locks SET expires_at = (SELECT lease_expires_at FROM jobs
                                             WHERE jobs.id = locks.holder_job)
-             WHERE holder_job IN (SELECT json_extract(value, '$[0]') FROM json_each(?))",
+             WHERE holder_job IN (SELECT value FROM json_each(?))",
         )
-        .bind(&pairs)
+        .bind(&ids)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
