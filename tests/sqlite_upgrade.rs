@@ -136,7 +136,9 @@ async fn the_state_check_rebuild_keeps_rows_ids_indexes_and_triggers() {
     let kept_before = kept_around_jobs(&pool).await;
     pool.close().await;
 
-    jobdeck::store::connect(&url).await.expect("upgrade");
+    // Up to the rebuild only: migration 0008 changes some indexes on
+    // purpose (its own test is below).
+    migrate_up_to(&url, 7).await;
 
     let pool = sqlx::SqlitePool::connect(&url).await.expect("reopen");
     assert_eq!(rows_before.len(), 5);
@@ -164,4 +166,66 @@ async fn the_state_check_rebuild_keeps_rows_ids_indexes_and_triggers() {
         .await
         .expect_err("a state outside the seven");
     assert!(bad.to_string().contains("CHECK constraint failed"), "{bad}");
+}
+
+#[tokio::test]
+async fn the_active_indexes_lose_their_in_lists_and_still_answer() {
+    let (_dir, url, pool) = old_database(7).await;
+    sqlx::raw_sql(
+        "INSERT INTO jobs (pipeline, target, state, due_at, created_at, unique_key) VALUES
+             ('p', 't', 'queued', 0, 0, 'k-1'), ('p', 'u', 'succeeded', 0, 0, 'k-2');",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows of the old schema");
+    let rows_before = jobs_rows(&pool).await;
+    pool.close().await;
+
+    let store = jobdeck::store::connect(&url).await.expect("upgrade");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("reopen");
+    assert_eq!(jobs_rows(&pool).await, rows_before);
+    let conditions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, sql FROM sqlite_master
+         WHERE name IN ('jobs_target_active', 'jobs_unique_key', 'jobs_schedule_active')
+         ORDER BY name",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("indexes");
+    assert_eq!(conditions.len(), 3);
+    for (name, sql) in &conditions {
+        assert!(
+            !sql.contains(" IN ") && sql.contains("state = 'running'"),
+            "{name} still has an IN list: {sql}"
+        );
+    }
+    // The unique key of the unfinished job still dedupes; the finished
+    // job's key is free.
+    let keyed = |key: &str| jobdeck::store::NewJob {
+        pipeline: "p".into(),
+        unique_key: Some(key.into()),
+        ..Default::default()
+    };
+    let again = store
+        .enqueue(keyed("k-1"), "operator:test@host")
+        .await
+        .expect("enqueue");
+    assert_eq!((again.id, again.deduplicated), (1, true));
+    let fresh = store
+        .enqueue(keyed("k-2"), "operator:test@host")
+        .await
+        .expect("enqueue");
+    assert!(!fresh.deduplicated);
+    // And the dedupe's look-up goes through the partial unique index.
+    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(concat!(
+        "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE unique_key = 'k-1' AND ",
+        "(state = 'queued' OR state = 'leased' OR state = 'running' OR state = 'stale')"
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("plan");
+    assert!(
+        plan.iter().any(|p| p.3.contains("jobs_unique_key")),
+        "{plan:?}"
+    );
 }

@@ -100,7 +100,7 @@ macro_rules! claim_and_start_jobs {
 macro_rules! started_on_targets {
     () => {
         "FROM jobs j INDEXED BY jobs_target_active
-         WHERE j.state IN ('leased','running','stale') AND j.state = 'running'
+         WHERE j.state = 'running'
            AND j.target IS NOT NULL AND j.lease_owner = ?5 AND j.lease_token = ?9"
     };
 }

@@ -2,7 +2,7 @@
 
 use super::SqliteStore;
 use super::WriteTx;
-use super::rows::{event, ms, now_ms, unfinished_sql};
+use super::rows::{event, ms, now_ms, unfinished_cond};
 use crate::job::{self, State};
 use crate::store::{Enqueued, NewJob, Result, StoreError};
 
@@ -64,8 +64,8 @@ impl SqliteStore {
             // BEGIN IMMEDIATE makes look-up and insert one step; the partial
             // unique index would refuse a duplicate anyway.
             let existing: Option<i64> = sqlx::query_scalar(concat!(
-                "SELECT id FROM jobs WHERE unique_key = ? AND state IN ",
-                unfinished_sql!()
+                "SELECT id FROM jobs WHERE unique_key = ? AND ",
+                unfinished_cond!()
             ))
             .bind(key)
             .fetch_optional(&mut *tx)

@@ -22,13 +22,17 @@ macro_rules! job_cols {
 }
 pub(super) use job_cols;
 
-/// Unfinished states as an SQL list, for `state IN (…)`.
-macro_rules! unfinished_sql {
+/// "The job is unfinished" as SQL: written exactly as the conditions of
+/// the partial indexes over unfinished jobs (migration 0008), since SQLite
+/// uses such an index only for a query whose WHERE implies its condition,
+/// and as comparisons, not `state IN (…)`, which SQLite codes as a
+/// temporary b-tree.
+macro_rules! unfinished_cond {
     () => {
-        "('queued','leased','running','stale')"
+        "(state = 'queued' OR state = 'leased' OR state = 'running' OR state = 'stale')"
     };
 }
-pub(super) use unfinished_sql;
+pub(super) use unfinished_cond;
 
 pub(super) fn now_ms() -> i64 {
     Utc::now().timestamp_millis()

@@ -5,7 +5,7 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use super::SqliteStore;
-use super::rows::{self, event, now_ms, unfinished_sql};
+use super::rows::{self, event, now_ms, unfinished_cond};
 use crate::job::{self, State};
 use crate::store::{FireResult, FireSlot, Result, ScheduleDef, ScheduleInfo, StoreError};
 
@@ -134,8 +134,8 @@ impl SqliteStore {
         let slot_shown = slot_text(rows::to_time(fire_at)?);
         if !sched.def.overlap_queue {
             let blocking = sqlx::query(concat!(
-                "SELECT id, state FROM jobs WHERE schedule_id = ? AND state IN ",
-                unfinished_sql!(),
+                "SELECT id, state FROM jobs WHERE schedule_id = ? AND ",
+                unfinished_cond!(),
                 " ORDER BY id LIMIT 1"
             ))
             .bind(id)

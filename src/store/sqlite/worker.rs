@@ -285,9 +285,10 @@ impl SqliteStore {
 /// fewer instructions per untargeted job without it; bench/HISTORY.md,
 /// session 24). `cand` is materialized so that the probe of `ahead` reads
 /// the candidates, not the claim index again.
-/// The leased-sibling probe is pinned to the per-target index (its IN term
-/// lets the partial index apply): through the state index it would scan
-/// every leased job for each candidate.
+/// The leased-sibling probe is pinned to the per-target index (its
+/// `state = 'leased'` implies the index's condition, so the partial index
+/// applies): through the state index it would scan every leased job for
+/// each candidate.
 macro_rules! claim_picks {
     () => {
         "WITH cand AS MATERIALIZED (
@@ -302,8 +303,7 @@ macro_rules! claim_picks {
                                     WHERE h.id IN (SELECT value FROM json_each(?4))
                                       AND h.state = 'succeeded'))
                   AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
-                                  WHERE o.target = jobs.target AND o.state = 'leased'
-                                    AND o.state IN ('leased','running','stale'))))
+                                  WHERE o.target = jobs.target AND o.state = 'leased')))
             ORDER BY priority DESC, due_at, id
             LIMIT ?3 * 2 + 2
         ), pick AS (
