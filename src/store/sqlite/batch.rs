@@ -283,10 +283,10 @@ async fn start_targeted(
 /// The statement that marks running jobs succeeded; `$now`, `$ids` and
 /// `$tokens` name its parameters (the time and the leases as
 /// [`lease_lists`] gives them), so that the cycle can send it ahead of its
-/// claim in one round trip. The
-/// leases are joined (`UPDATE … FROM`), not tested with `IN (SELECT …)`,
-/// which builds a temporary index and a 10 KB Bloom filter at every call:
-/// the statement ran 22 % fewer instructions (bench/HISTORY.md, session 18).
+/// claim in one round trip. The leases are joined (`UPDATE … FROM`), not
+/// tested with `IN (SELECT …)`, which builds a temporary index and a 10 KB
+/// Bloom filter at every call: the statement ran 22 % fewer instructions
+/// (bench/HISTORY.md, session 18).
 macro_rules! succeed_jobs {
     ($now:literal, $ids:literal, $tokens:literal) => {
         concat!(
