@@ -14,7 +14,8 @@ use sqlx::{Connection, PgConnection, Row};
 
 use super::lean_cycle::{self, Lean};
 use super::lock_cycle;
-use super::worker::{claim_in, finish_in, start_in};
+use super::lock_cycle::ClaimWindow;
+use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, ms, rows};
 use crate::job::{self, Job, State};
 use crate::store::{
@@ -90,7 +91,9 @@ impl PgStore {
                     } = read_cycle(&rows, &req.finishes)?;
                     if passed_over > 0 {
                         self.lean.saw_targets(true);
-                        let rest = claim_rest(conn, req, outcome.claimed.len(), worker).await;
+                        let rest =
+                            claim_rest(conn, req, outcome.claimed.len(), worker, &self.window)
+                                .await;
                         outcome.claimed.extend(rest);
                         outcome.claimed.sort_by_key(claim_order);
                     }
@@ -99,7 +102,7 @@ impl PgStore {
                 Lean::Refused => self.lean.saw_targets(true),
             }
         }
-        let rows = cycle_with_locks(conn, req, worker).await?;
+        let rows = cycle_with_locks(conn, req, worker, &self.window).await?;
         self.lean.written(&self.pool);
         if let Some(met) = rows.met_targets {
             self.lean.saw_targets(met);
@@ -117,6 +120,7 @@ async fn claim_rest(
     req: &CycleRequest,
     claimed: usize,
     worker: &str,
+    window: &ClaimWindow,
 ) -> Vec<Claimed> {
     let Some(claim) = req.claim.as_ref().filter(|c| c.limit > claimed) else {
         return Vec::new();
@@ -129,7 +133,7 @@ async fn claim_rest(
         }),
         specs: req.specs.clone(),
     };
-    match cycle_with_locks(conn, &rest, worker).await {
+    match cycle_with_locks(conn, &rest, worker, window).await {
         Ok(rows) => rows.outcome.claimed,
         Err(e) => {
             tracing::warn!("claim after the lean cycle: {e}; its slots wait for the next claim");
@@ -162,15 +166,23 @@ async fn cycle_in_parts(
 }
 
 /// A cycle whose finishes are all successes, where a lock may be taken or
-/// freed: one plain statement (`lock_cycle`), or `jobdeck_cycle` on a
-/// session where that statement refuses to run.
+/// freed: one plain statement (`lock_cycle`, whose claim window learns
+/// from what each cycle passed over), or `jobdeck_cycle` on a session
+/// where that statement refuses to run.
 async fn cycle_with_locks(
     conn: &mut PgConnection,
     req: &CycleRequest,
     worker: &str,
+    window: &ClaimWindow,
 ) -> Result<CycleRows> {
-    match lock_cycle::cycle(conn, req, worker).await? {
-        Lean::Written(rows) => read_cycle(&rows, &req.finishes),
+    match lock_cycle::cycle(conn, req, worker, window).await? {
+        Lean::Written(rows) => {
+            let read = read_cycle(&rows, &req.finishes)?;
+            if let Some(claim) = &req.claim {
+                window.observe(claim.limit, read.passed_over);
+            }
+            Ok(read)
+        }
         Lean::Refused => cycle_in_one_call(conn, req, worker).await,
     }
 }
@@ -199,7 +211,7 @@ async fn cycle_in_one_call(
         job_cols!(),
         " FROM jobdeck_cycle($1, $2, $3, $4, $11, $5, $6, $7, $8, $9, $10)"
     );
-    match lean_cycle::send(conn, CALL, true, req, worker).await? {
+    match lean_cycle::send(conn, CALL, Some(&claim_window), req, worker).await? {
         Lean::Written(rows) => read_cycle(&rows, &req.finishes),
         // The function counts its own moves whatever the session's setting.
         Lean::Refused => Err(StoreError::Database(
@@ -217,8 +229,9 @@ fn claim_order(c: &Claimed) -> (Reverse<i32>, DateTime<Utc>, i64) {
 struct CycleRows {
     /// The successes it wrote and the jobs it claimed, in the rows' order.
     outcome: CycleOutcome,
-    /// Queued jobs its claim passed over (the lean statement's: they have
-    /// a target).
+    /// Queued jobs its claim passed over: the lean statement's have a
+    /// target, the statement with locks' share one with an earlier
+    /// candidate.
     passed_over: usize,
     /// Whether any of its rows has a target; `None` without rows.
     met_targets: Option<bool>,

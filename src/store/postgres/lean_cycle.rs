@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool};
 
-use super::worker::claim_window;
 use super::{SpecColumns, ms};
 use crate::job::{self, State};
 use crate::store::{CycleRequest, Result, StoreError, successes};
@@ -217,20 +216,20 @@ pub(super) async fn cycle(
     req: &CycleRequest,
     worker: &str,
 ) -> Result<Lean> {
-    send(conn, STATEMENT, false, req, worker).await
+    send(conn, STATEMENT, None, req, worker).await
 }
 
 /// Send a cycle's statement: this module's, `lock_cycle`'s or the call of
 /// `jobdeck_cycle`, which share their parameters: $1 the successes' ids,
 /// $2 their lease tokens, $3 the worker, $4 the claim's pipelines, $5 its
 /// limit, $6 its lease (ms), $7 to $10 the start specs' columns, and $11
-/// the claim's window of candidates (`with_window`: the statements that
-/// claim jobs with targets). `Refused` when the statement stopped with
+/// the claim's window of candidates for its limit (`window`: the
+/// statements that claim jobs with targets). `Refused` when the statement stopped with
 /// `JDL01` (migration 0012) before writing anything.
 pub(super) async fn send(
     conn: &mut PgConnection,
     statement: &'static str,
-    with_window: bool,
+    window: Option<&(dyn Fn(i64) -> i64 + Sync)>,
     req: &CycleRequest,
     worker: &str,
 ) -> Result<Lean> {
@@ -257,8 +256,8 @@ pub(super) async fn send(
         .bind(&specs.lease_ms)
         .bind(&specs.on_stale)
         .bind(&specs.backoff_ms);
-    if with_window {
-        query = query.bind(claim_window(limit));
+    if let Some(window) = window {
+        query = query.bind(window(limit));
     }
     match query.fetch_all(&mut *conn).await {
         Ok(rows) => Ok(Lean::Written(rows)),

@@ -27,6 +27,7 @@ use super::{
 use crate::job::{Event, Job, State};
 use engine_conn::EngineConn;
 use lean_cycle::LeanMode;
+use lock_cycle::ClaimWindow;
 
 /// The job columns every job-returning query selects, in the shape
 /// `rows::job` decodes (JSON as text: the crate has no sqlx `json` feature).
@@ -82,6 +83,7 @@ pub struct PgStore {
     url: String,
     engine: Arc<EngineConn>,
     lean: Arc<LeanMode>,
+    window: Arc<ClaimWindow>,
 }
 
 impl PgStore {
@@ -135,6 +137,7 @@ impl PgStore {
             url: url.to_string(),
             engine: Arc::default(),
             lean: Arc::default(),
+            window: Arc::default(),
         })
     }
 

@@ -259,7 +259,9 @@ impl PgStore {
 
 /// How many candidates a claim of `limit` jobs locks: every row in the
 /// window is locked (a tuple write), so it is small; twice the request
-/// leaves room for a few same-target duplicates.
+/// leaves room for a few same-target duplicates. The engine's statement
+/// with locks opens this wide only while it meets them
+/// (`lock_cycle::ClaimWindow`).
 pub(super) fn claim_window(limit: i64) -> i64 {
     limit.saturating_mul(2).saturating_add(2)
 }
