@@ -247,12 +247,18 @@ async fn sqlite_seed(pool: &SqlitePool, finished: i64, queued: i64, targets: i64
     .execute(&mut *tx)
     .await?;
     // One lock row per dataset ever locked; the active jobs hold theirs.
+    // The holders are found through `jobs_target_active`, whose condition
+    // the join must imply word for word (migration 0008): with `state IN
+    // ('running','stale')` SQLite scanned every job for every dataset, and
+    // a 1.1M-row seed took two minutes.
     sqlx::query(
         "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < ?1 - 1)
          INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
          SELECT 'dataset-' || i, COALESCE(j.lock_fence, 1 + i % 7), j.id, j.lease_owner,
              j.started_at, j.lease_expires_at
-         FROM n LEFT JOIN jobs j ON j.target = 'dataset-' || i AND j.state IN ('running','stale')",
+         FROM n LEFT JOIN jobs j ON j.target = 'dataset-' || i
+             AND (j.state = 'leased' OR j.state = 'running' OR j.state = 'stale')
+             AND j.state <> 'leased'",
     )
     .bind(targets)
     .execute(&mut *tx)
