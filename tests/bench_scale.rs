@@ -59,12 +59,16 @@ fn check(report: &Value, backend: &str) {
     }
     let queries = report["queries"].as_array().expect("queries");
     assert_eq!(queries.len(), QUERIES, "{queries:?}");
+    // A claim takes jobs, so each of its samples is one call.
+    assert_eq!(queries[0]["query"], "claim (limit 8)");
+    assert_eq!(queries[0]["calls"], 1);
     for q in queries {
         for key in [
             "small_ms",
             "large_ms",
             "small_p95_ms",
             "large_p95_ms",
+            "calls",
             "ratio",
         ] {
             let v = q[key].as_f64().unwrap_or(0.0);
