@@ -224,8 +224,8 @@ pub(super) async fn cycle(
 /// $2 their lease tokens, $3 the worker, $4 the claim's pipelines, $5 its
 /// limit, $6 its lease (ms), $7 to $10 the start specs' columns, and $11
 /// the claim's window of candidates for its limit (`window`: the
-/// statements that claim jobs with targets). `Refused` when the statement stopped with
-/// `JDL01` (migration 0012) before writing anything.
+/// statements that claim jobs with targets). `Refused` when the statement
+/// stopped with `JDL01` (migration 0012) before writing anything.
 pub(super) async fn send(
     conn: &mut PgConnection,
     statement: &'static str,

@@ -37,9 +37,9 @@ use crate::store::{CycleRequest, Result};
 /// engine starts what it claims, so there is rarely one (2.3 % fewer
 /// server instructions per job with 100 targets; session 25). The rows
 /// come back with the candidates passed over as duplicates of an earlier
-/// one's target, in brief, for the window (`ClaimWindow`). Locks are written in target order, as every
-/// lock-taking batch: two nodes' cycles cannot deadlock on each other's
-/// locks. The engine's setting (`engine_counts!`) is checked on each
+/// one's target, in brief, for the window (`ClaimWindow`). Locks are
+/// written in target order, as every lock-taking batch: two nodes' cycles
+/// cannot deadlock on each other's locks. The engine's setting (`engine_counts!`) is checked on each
 /// success and each candidate before anything is written (0.85 % fewer
 /// server instructions per job than reading it once through a common
 /// table expression; session 21 in bench/HISTORY.md). Every row source
