@@ -387,7 +387,7 @@ fn burst(warmup: &mut [f64]) -> u32 {
 }
 
 /// One timed sample of `calls` calls: milliseconds per call, and the jobs
-/// the claim took (0 for reads), which are then put back.
+/// they claimed (0 for reads), which are then put back, untimed.
 async fn run_sample(
     side: &Side,
     q: Query,
@@ -397,7 +397,7 @@ async fn run_sample(
     let t0 = Instant::now();
     let mut claimed = Vec::new();
     for _ in 0..calls {
-        claimed = call(side, q, claim).await?;
+        claimed.extend(call(side, q, claim).await?);
     }
     let ms = t0.elapsed().as_secs_f64() * 1000.0 / f64::from(calls.max(1));
     side.seed.put_back(&claimed).await?;
