@@ -218,6 +218,24 @@ SQL
     "$row" "$i" "$((c * batch))" "$(python3 -c "print(round($tps * $finished / ($c * $tx), 1))")" >> "$RAW"
 }
 
+# lean_row ROW BATCH: bench/lean.sh, the engine's common cycle statement
+# alone (pgbench, one client, BATCH jobs per call, each call finishing the
+# jobs the one before started) on a fresh database. Between the floor and
+# jobdeck's own row it splits what jobdeck runs above the floor into the
+# statement's share (lean ÷ floor) and the engine's (jobdeck ÷ lean).
+lean_row() {
+  local row="$1" batch="$2" i="$PASS"
+  wanted "$row" || return 0
+  say "$row: run $i/$RUNS"
+  settle
+  local out rate
+  out="$(JOBDECK_BIN="$JOBDECK" timeout "$RUN_LIMIT" bash "$BENCH/lean.sh" "$batch" "$JOBS" 2>> "$LOG")"
+  rate="$(sed -n 's/^1 x [0-9]*: \([0-9]*\) jobs\/s.*/\1/p' <<< "$out")"
+  if [ -z "$rate" ]; then fail "$row" "lean.sh printed no rate (see $LOG)"; return; fi
+  printf '{"row":"%s","run":%d,"result":{"backend":"lean","slots":%d,"process_per_s":%s}}\n' \
+    "$row" "$i" "$batch" "$rate" >> "$RAW"
+}
+
 {
   echo "nproc=$(nproc) load_before=$(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$RESULTS/machine.txt"
@@ -225,7 +243,7 @@ say "jobs=$JOBS concurrency=$CONC runs=$RUNS latency_jobs=$LAT_JOBS load=$(cut -
 
 # Install first (each once), then measure in passes.
 HAVE_JOBDECK=0 HAVE_PY=0 HAVE_NODE=0 HAVE_RUST=0
-if wanted_any jobdeck-postgres jobdeck-postgres-t100 jobdeck-sqlite jobdeck-sqlite-t100 floor-1x8 floor-2x4 floor-sqlite &&
+if wanted_any jobdeck-postgres jobdeck-postgres-t100 jobdeck-sqlite jobdeck-sqlite-t100 floor-1x8 floor-2x4 lean-1x8 floor-sqlite &&
   setup_jobdeck; then HAVE_JOBDECK=1; fi
 if wanted pgqueuer-postgres; then
   if setup_python; then HAVE_PY=1; else fail pgqueuer-postgres "pip install pgqueuer failed (see $LOG)"; fi
@@ -260,6 +278,7 @@ for ((PASS = 1; PASS <= RUNS; PASS++)); do
     measure jobdeck-sqlite-t100 "" "${JD[@]}" --targets 100
     floor_row floor-1x8 1 "$CONC"
     floor_row floor-2x4 2 "$((CONC / 2))"
+    lean_row lean-1x8 "$CONC"
     measure floor-sqlite "" python3 "$BENCH/peers/sqlite_floor.py" --jobdeck "$JOBDECK" \
       --jobs "$JOBS" --batch "$CONC"
   fi

@@ -23,6 +23,7 @@ ROWS = [
     ("pgbench-c1", "pgbench 1-row UPDATE, 1 client", "jobdeck-postgres"),
     ("floor-1x8", "floor: bench/floor.sql, 1 client x 8 jobs", "jobdeck-postgres"),
     ("floor-2x4", "floor: bench/floor.sql, 2 clients x 4 jobs", "jobdeck-postgres"),
+    ("lean-1x8", "lean: jobdeck's cycle statement, 1 x 8 jobs", "jobdeck-postgres"),
     ("jobdeck-sqlite", "jobdeck, SQLite", "jobdeck-sqlite"),
     ("jobdeck-sqlite-t100", "jobdeck, SQLite, 100 targets", "jobdeck-sqlite"),
     ("apalis-sqlite", "apalis 1.0, SQLite", "jobdeck-sqlite"),
@@ -126,6 +127,8 @@ def main():
         "pgbench rows: process/s = transactions/s; ~p50 = pgbench's average latency per transaction.",
         "floor rows: the contract's row writes per no-op job, no engine (see bench/floor.sql and "
         "bench/peers/sqlite_floor.py); process/s = jobs/s.",
+        "lean row: the engine's common cycle statement alone, sent by pgbench as the engine sends it, "
+        "no engine (see bench/lean.sh); process/s = jobs/s.",
     ]
     table = "\n".join(lines + [""] + notes)
     print(table)
