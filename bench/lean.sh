@@ -11,6 +11,8 @@
 #   bench/lean.sh 8 20000 'ALTER SEQUENCE lease_tokens CACHE 64'
 #   LEAN_VARIANT=without-events bench/lean.sh   the statement without its
 #                                  event inserts (what the event log costs)
+#   LEAN_VARIANT=floor bench/lean.sh   bench/floor.sql instead, with the count
+#                                  triggers disabled (the contract's writes alone)
 #
 # Prints jobs/s and the jobs done. Env: PGHOST PGPORT PGUSER (default 127.0.0.1 5432
 # postgres), JOBDECK_BIN (default target/release/jobdeck, built if missing).
@@ -35,6 +37,7 @@ ALTER DATABASE $DB SET jobdeck.cycle_counts = 'on';
 ALTER DATABASE $DB SET plan_cache_mode = 'force_generic_plan';
 ALTER DATABASE $DB SET enable_seqscan = off;
 ALTER DATABASE $DB SET jit = off;
+$([ "${LEAN_VARIANT:-}" = floor ] && echo "ALTER TABLE jobs DISABLE TRIGGER USER;")
 $EXTRA;
 CHECKPOINT;
 SQL

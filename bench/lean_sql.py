@@ -4,13 +4,23 @@ as a pgbench script for bench/lean.sh: its Rust string literals joined, the
 engine's parameters replaced by pgbench variables and constants, and the
 rows it returns folded into the ids and lease tokens the next call finishes.
 With the argument `without-events` the statement writes no job_events rows
-(a measurement of what the event log costs, never a mode of jobdeck's).
-Fails loudly when the source no longer has the shape this expects."""
+(a measurement of what the event log costs, never a mode of jobdeck's); with
+`floor` it prints bench/floor.sql instead (the contract's row writes alone,
+for the same harness; lean.sh then disables the count triggers, as run.sh's
+floor rows do). Fails loudly when the source no longer has the shape this expects."""
 import re
 import sys
 from pathlib import Path
 
-src_dir = Path(__file__).resolve().parent.parent / "src" / "store" / "postgres"
+bench_dir = Path(__file__).resolve().parent
+src_dir = bench_dir.parent / "src" / "store" / "postgres"
+variant = sys.argv[1] if len(sys.argv) > 1 else ""
+if variant == "floor":
+    floor = (bench_dir / "floor.sql").read_text()
+    if "LIMIT BATCH" not in floor or "pipeline = 'noop'" not in floor:
+        sys.exit("lean_sql.py: floor.sql has changed shape; update this script")
+    print(floor.replace("LIMIT BATCH", "LIMIT :batch").replace("pipeline = 'noop'", "pipeline = 'bench'"))
+    sys.exit(0)
 lean = (src_dir / "lean_cycle.rs").read_text()
 mod = (src_dir / "mod.rs").read_text()
 
@@ -52,14 +62,13 @@ for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|[a-z_]+!\(\)|brief_cols!\("([^"]*)"\)
 sql = "".join(parts)
 if "$10" not in sql or "SELECT id, pipeline" not in sql:
     sys.exit("lean_sql.py: lean_cycle.rs's statement has changed shape; update this script")
-variant = sys.argv[1] if len(sys.argv) > 1 else ""
 if variant == "without-events":
     logged = re.search(r"done_logged AS \(.*?\), counted AS", sql, re.S)
     if not logged:
         sys.exit("lean_sql.py: the statement's event inserts have changed shape; update this script")
     sql = sql.replace(logged.group(0), "counted AS")
 elif variant:
-    sys.exit(f"lean_sql.py: unknown variant {variant!r} (known: without-events)")
+    sys.exit(f"lean_sql.py: unknown variant {variant!r} (known: without-events, floor)")
 
 # The engine reads the rows; pgbench keeps the running jobs' ids and tokens.
 i = sql.index(" SELECT id, pipeline")
