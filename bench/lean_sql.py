@@ -6,8 +6,8 @@ rows it returns folded into the ids and lease tokens the next call finishes.
 With the argument `without-events` the statement writes no job_events rows
 (a measurement of what the event log costs, never a mode of jobdeck's); with
 `floor` it prints bench/floor.sql instead (the contract's row writes alone,
-for the same harness; lean.sh then disables the count triggers, as run.sh's
-floor rows do). Fails loudly when the source no longer has the shape this expects."""
+for the same harness; lean.sh then sets the database up as run.sh's floor
+rows do). Fails loudly when the source no longer has the shape this expects."""
 import re
 import sys
 from pathlib import Path
