@@ -4,8 +4,10 @@
 
 mod common;
 
+use std::io::Read;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -286,4 +288,46 @@ fn wait_reports_the_outcome_by_exit_code() {
         Some(1),
         "cancelled is not success"
     );
+}
+
+/// A log reader that goes away (`jobdeck worker 2>&1 | head`, a log
+/// collector restarted) must not stop the engine. Every log line then fails
+/// to write; tracing's own report of that failure went to `eprintln!`,
+/// which panicked the thread that logged: sqlx's SQLite connection thread
+/// (it logs each query at debug), after which the engine waited forever.
+#[test]
+fn a_closed_stderr_does_not_stop_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = jobdeck_in(dir.path())
+        .env("JOBDECK_LOG", "debug")
+        .args(["bench", "--jobs", "50", "--slots", "4"])
+        .args(["--no-latency", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run jobdeck");
+    // The reader goes away before the first line is written.
+    drop(child.stderr.take());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("jobdeck bench still running 90 s after its stderr closed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(status.success(), "jobdeck bench: {status}, stdout {out:?}");
+    let report: Value = serde_json::from_str(out.trim()).expect("one JSON report on stdout");
+    assert_eq!(report["jobs"], 50);
+    assert_eq!(report["backend"], "sqlite");
 }

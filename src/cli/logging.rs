@@ -6,10 +6,15 @@ use std::path::Path;
 use tracing_subscriber::EnvFilter;
 
 /// Log to stderr at `default` level unless `RUST_LOG`/`JOBDECK_LOG` says otherwise.
+/// A line that cannot be written is dropped: by default tracing reports the
+/// failure with `eprintln!`, which panics when stderr itself is the broken
+/// writer (`jobdeck worker 2>&1 | head`, a log collector that went away),
+/// killing whichever thread logged, sqlx's connection threads included.
 pub fn to_stderr(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter(default))
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .try_init();
 }
 
@@ -25,6 +30,9 @@ pub fn to_file(
         .with_env_filter(filter("info"))
         .with_ansi(false)
         .with_writer(writer)
+        // The terminal belongs to the console: a failed write is not
+        // reported there either.
+        .log_internal_errors(false)
         .try_init();
     Ok(guard)
 }
