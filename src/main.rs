@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use jobdeck::cli::{self, Cli, Command, ConsoleArgs};
+use nix::sys::signal::{SigHandler, Signal, signal};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -11,6 +12,7 @@ fn main() -> ExitCode {
         return ExitCode::from(jobdeck::engine::supervisor::main(args[2..].to_vec()) as u8);
     }
     let mut cli = Cli::parse();
+    end_quietly_on_a_closed_pipe(cli.command.as_ref());
     let runtime = match runtime_for(cli.command.as_ref()) {
         Ok(rt) => rt,
         Err(e) => {
@@ -34,6 +36,26 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A one-shot command is a Unix filter: when the reader of its output goes
+/// away (`jobdeck jobs --json | head`), SIGPIPE ends it quietly, as it ends
+/// `cat`. Rust ignores SIGPIPE, so the next print panicked instead. The
+/// commands that run an engine keep ignoring it: a log reader that goes
+/// away must not stop their jobs (their lost lines are dropped, see
+/// `cli::logging`).
+fn end_quietly_on_a_closed_pipe(command: Option<&Command>) {
+    let runs_an_engine = matches!(
+        command,
+        None | Some(
+            Command::Console(_) | Command::Demo(_) | Command::Worker(_) | Command::Bench(_)
+        )
+    );
+    if !runs_an_engine {
+        // SAFETY: no other thread exists yet, and SIG_DFL installs no
+        // handler code.
+        let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
     }
 }
 

@@ -331,3 +331,57 @@ fn a_closed_stderr_does_not_stop_the_engine() {
     assert_eq!(report["jobs"], 50);
     assert_eq!(report["backend"], "sqlite");
 }
+
+/// A listing piped into `head` ends quietly when `head` stops reading, as
+/// `cat` would (killed by SIGPIPE), instead of panicking on its next print.
+#[test]
+fn a_listing_whose_reader_goes_away_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("q.db").display());
+    // 400 finished jobs: a listing far longer than a pipe's buffer.
+    let bench = jobdeck_in(dir.path())
+        .args([
+            "--db",
+            &db,
+            "bench",
+            "--jobs",
+            "400",
+            "--no-latency",
+            "--json",
+        ])
+        .output()
+        .expect("run jobdeck bench");
+    assert!(bench.status.success(), "{bench:?}");
+    let mut child = jobdeck_in(dir.path())
+        .args([
+            "--db",
+            &db,
+            "jobs",
+            "--state",
+            "succeeded",
+            "--limit",
+            "400",
+        ])
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run jobdeck jobs");
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // Dropped: the reader goes away after 16 bytes.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc_sigpipe()),
+        "{:?}",
+        out.status
+    );
+}
+
+fn libc_sigpipe() -> i32 {
+    nix::sys::signal::Signal::SIGPIPE as i32
+}
