@@ -31,6 +31,7 @@ python3 "$BENCH/lean_sql.py" ${LEAN_VARIANT:+"$LEAN_VARIANT"} > "$script"
 
 dropdb --if-exists "$DB" 2>/dev/null; createdb "$DB"
 "$JOBDECK" --db "postgres://$PGUSER@$PGHOST:$PGPORT/$DB" migrate > /dev/null
+insert="INSERT INTO jobs (pipeline, state, due_at) SELECT 'bench', 'queued', now() FROM generate_series(1, $JOBS);"
 if [ "${LEAN_VARIANT:-}" = floor ]; then
   # bench/run.sh's floor rows' set-up: the count triggers disabled, the
   # server's default settings (the engine's below would give the floor's
@@ -38,11 +39,11 @@ if [ "${LEAN_VARIANT:-}" = floor ]; then
   # dead entry in the running range: 3.3 times the server instructions
   # per job at 8,000 jobs, half the rate at 20,000).
   setup="ALTER TABLE jobs DISABLE TRIGGER USER;
-INSERT INTO jobs (pipeline, state, due_at) SELECT 'bench', 'queued', now() FROM generate_series(1, $JOBS);
+$insert
 VACUUM ANALYZE jobs;"
 else
   # The engine's connections' settings (src/store/postgres/engine_conn.rs).
-  setup="INSERT INTO jobs (pipeline, state, due_at) SELECT 'bench', 'queued', now() FROM generate_series(1, $JOBS);
+  setup="$insert
 ANALYZE jobs;
 ALTER DATABASE $DB SET jobdeck.cycle_counts = 'on';
 ALTER DATABASE $DB SET plan_cache_mode = 'force_generic_plan';

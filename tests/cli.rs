@@ -341,29 +341,14 @@ fn a_listing_whose_reader_goes_away_ends_quietly() {
     let db = format!("sqlite://{}", dir.path().join("q.db").display());
     // 400 finished jobs: a listing far longer than a pipe's buffer.
     let bench = jobdeck_in(dir.path())
-        .args([
-            "--db",
-            &db,
-            "bench",
-            "--jobs",
-            "400",
-            "--no-latency",
-            "--json",
-        ])
+        .args(["--db", &db, "bench", "--jobs", "400"])
+        .args(["--no-latency", "--json"])
         .output()
         .expect("run jobdeck bench");
     assert!(bench.status.success(), "{bench:?}");
     let mut child = jobdeck_in(dir.path())
-        .args([
-            "--db",
-            &db,
-            "jobs",
-            "--state",
-            "succeeded",
-            "--limit",
-            "400",
-        ])
-        .arg("--json")
+        .args(["--db", &db, "jobs", "--state", "succeeded"])
+        .args(["--limit", "400", "--json"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -374,14 +359,6 @@ fn a_listing_whose_reader_goes_away_ends_quietly() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert_eq!(
-        out.status.signal(),
-        Some(libc_sigpipe()),
-        "{:?}",
-        out.status
-    );
-}
-
-fn libc_sigpipe() -> i32 {
-    nix::sys::signal::Signal::SIGPIPE as i32
+    let sigpipe = nix::sys::signal::Signal::SIGPIPE as i32;
+    assert_eq!(out.status.signal(), Some(sigpipe), "{:?}", out.status);
 }
