@@ -56,15 +56,17 @@ for bin in "$@"; do
   [ -x "$bin" ] || { echo "instructions.sh: $bin is not an executable" >&2; exit 2; }
   run="$tmp/run"
   rm -rf "$run" && mkdir -p "$run"
-  db="sqlite://$run/bench.db"
-  "$bin" migrate --db "$db" >/dev/null
   valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$run/cg.%p" \
-    "$bin" bench --db "$db" --jobs "$JOBS" --targets "$TARGETS" --no-latency \
+    "$bin" bench --db "sqlite://$run/bench.db" --jobs "$JOBS" --targets "$TARGETS" --no-latency \
     >"$run/out" 2>"$run/err" &
   pid=$!
+  # The bench's scratch file, beside the one --db names (valgrind keeps
+  # the program's pid).
+  db="$run/jobdeck-bench-$pid/bench.db"
   # Zero the counters once every job is in (the enqueue is one transaction).
   while kill -0 "$pid" 2>/dev/null; do
-    jobs_in=$("$bin" stats --db "$db" --json 2>/dev/null \
+    [ -e "$db" ] || { sleep 0.05; continue; }
+    jobs_in=$("$bin" stats --db "sqlite://$db" --json 2>/dev/null \
       | awk -F': ' '/"(queued|leased|running|succeeded)"/ { gsub(",", "", $2); s += $2 } END { print s + 0 }')
     [ "$jobs_in" -ge "$JOBS" ] && break
     sleep 0.05

@@ -22,9 +22,13 @@ fn bench(extra: &[&str]) -> Value {
 }
 
 fn check(report: &Value, backend: &str, targets: u64) {
+    check_sizes(report, backend, JOBS, 4, targets);
+}
+
+fn check_sizes(report: &Value, backend: &str, jobs: u64, slots: u64, targets: u64) {
     assert_eq!(report["backend"], backend);
-    assert_eq!(report["jobs"], JOBS);
-    assert_eq!(report["slots"], 4);
+    assert_eq!(report["jobs"], jobs);
+    assert_eq!(report["slots"], slots);
     assert_eq!(report["targets"], targets);
     for key in ["enqueue_per_s", "process_per_s"] {
         let v = report[key].as_f64().unwrap_or(0.0);
@@ -41,6 +45,50 @@ fn check(report: &Value, backend: &str, targets: u64) {
 #[test]
 fn sqlite() {
     check(&bench(&[]), "sqlite", 0);
+}
+
+/// `JOBDECK_DB` set for the operator's other commands names a real
+/// database: the bench must not mix its jobs into it. It runs in a scratch
+/// file beside it and removes that, leaving the directory as it was.
+#[test]
+fn the_named_sqlite_database_is_left_as_it_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("real.db").display());
+    let cli = |args: &[&str]| {
+        let out = jobdeck_in(dir.path())
+            .env("JOBDECK_DB", &url)
+            .args(args)
+            .output()
+            .expect("run jobdeck");
+        stdout_json(out, &format!("{args:?}"))
+    };
+    cli(&["enqueue", "sync", "--target", "a", "--json"]);
+    // Beside the real database's own files (its WAL comes and goes with
+    // its connections).
+    let listing = || {
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .map(|e| e.expect("dir entry").file_name().into_string().unwrap())
+            .filter(|name| !name.starts_with("real.db"))
+            .collect();
+        names.sort();
+        names
+    };
+    let jobs = || {
+        let listed = cli(&["jobs", "--json", "--limit", "1000"]);
+        let listed = listed.as_array().expect("a list of jobs").clone();
+        listed
+            .iter()
+            .map(|j| format!("#{} {} {}", j["id"], j["pipeline"], j["state"]))
+            .collect::<Vec<_>>()
+    };
+    let (jobs_before, files_before) = (jobs(), listing());
+    assert_eq!(jobs_before.len(), 1, "{jobs_before:?}");
+
+    let report = cli(&["bench", "--jobs", "50", "--latency-jobs", "5", "--json"]);
+    check_sizes(&report, "sqlite", 50, 8, 0);
+    assert_eq!(jobs(), jobs_before);
+    assert_eq!(listing(), files_before);
 }
 
 /// Two cycles in flight, each for half the slots, with locks: the path

@@ -87,6 +87,11 @@ pub enum Command {
     /// Open the console on a demo database with demo pipelines
     Demo(DemoArgs),
     /// Measure enqueue and processing throughput and pickup latency
+    ///
+    /// Runs in scratch databases and never touches the jobs of the one
+    /// --db or JOBDECK_DB names: a fresh schema of that Postgres database,
+    /// or a new directory beside that SQLite file (the same disk), or the
+    /// temp directory without --db. They are dropped afterwards.
     Bench(super::bench::BenchArgs),
 }
 

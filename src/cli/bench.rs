@@ -69,31 +69,29 @@ name = "noop"
 builtin = "noop"
 "#;
 
-/// Runs in a scratch database: a temp SQLite file by default, or a fresh
-/// schema (dropped afterwards) of the Postgres database given with --db.
+/// Runs in a scratch database, never in the one `--db` (or `JOBDECK_DB`)
+/// names: a fresh schema of a Postgres database, a fresh file in a new
+/// directory beside a SQLite file (the same disk), or in the temp
+/// directory without `--db`; all dropped afterwards.
 pub async fn run(db: Option<String>, a: BenchArgs) -> Result<i32> {
     if a.scale.scale {
         return super::bench_scale::run(db, a.scale, a.json).await;
     }
-    let scratch = tempfile_dir()?;
-    let (url, schema) = match db {
-        Some(url) if store::redact_url(&url).starts_with("postgres") => {
-            let schema = format!("jobdeck_bench_{}", std::process::id());
-            (
-                store::scratch::create_pg_schema(&url, &schema).await?,
-                Some((url, schema)),
-            )
+    let name = format!("jobdeck-bench-{}", std::process::id());
+    let postgres = db
+        .as_deref()
+        .is_some_and(|u| store::redact_url(u).starts_with("postgres"));
+    let scratch = store::scratch::sqlite_dir(db.as_deref().filter(|_| !postgres), &name)?;
+    let result = match db {
+        Some(url) if postgres => {
+            let schema = name.replace('-', "_");
+            in_pg_schema(&url, &schema, &a, &scratch).await
         }
-        Some(url) => (url, None),
-        None => (
-            format!("sqlite://{}", scratch.join("bench.db").display()),
-            None,
-        ),
+        _ => {
+            let url = format!("sqlite://{}", scratch.join("bench.db").display());
+            bench(&url, &a, &scratch).await
+        }
     };
-    let result = bench(&url, &a, &scratch).await;
-    if let Some((base, schema)) = schema {
-        store::scratch::drop_pg_schema(&base, &schema).await?;
-    }
     let _ = std::fs::remove_dir_all(&scratch);
     let report = result?;
     if a.json {
@@ -104,10 +102,16 @@ pub async fn run(db: Option<String>, a: BenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("jobdeck-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(dir)
+async fn in_pg_schema(
+    base: &str,
+    schema: &str,
+    a: &BenchArgs,
+    scratch: &std::path::Path,
+) -> Result<Report> {
+    let url = store::scratch::create_pg_schema(base, schema).await?;
+    let result = bench(&url, a, scratch).await;
+    store::scratch::drop_pg_schema(base, schema).await?;
+    result
 }
 
 async fn bench(url: &str, a: &BenchArgs, scratch: &std::path::Path) -> Result<Report> {

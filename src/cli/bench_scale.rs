@@ -177,7 +177,9 @@ impl Scratch {
 
 pub async fn run(db: Option<String>, a: ScaleArgs, json: bool) -> Result<i32> {
     let (small, large) = sizes(&a);
-    let pg_base = db.filter(|u| store::redact_url(u).starts_with("postgres"));
+    let pg_base = db
+        .clone()
+        .filter(|u| store::redact_url(u).starts_with("postgres"));
     anyhow::ensure!(
         !a.explain || pg_base.is_some(),
         "--explain needs a Postgres --db (it reads the plans through auto_explain); \
@@ -188,12 +190,10 @@ pub async fn run(db: Option<String>, a: ScaleArgs, json: bool) -> Result<i32> {
             base: base.clone(),
             schemas: Vec::new(),
         },
-        None => {
-            let dir = std::env::temp_dir().join(format!("jobdeck-scale-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            Scratch::Sqlite(dir)
-        }
+        None => Scratch::Sqlite(store::scratch::sqlite_dir(
+            db.as_deref(),
+            &format!("jobdeck-scale-{}", std::process::id()),
+        )?),
     };
     let result = measure(&mut scratch, small, large, &a).await;
     let removed = if a.scale_keep {

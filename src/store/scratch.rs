@@ -1,9 +1,12 @@
-//! Throwaway Postgres schemas, for benchmarks that must not touch real jobs.
+//! Throwaway databases for the benchmarks, which must not touch real jobs:
+//! Postgres schemas, and SQLite files in a directory of their own.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::sqlite::SqliteConnectOptions;
 
 use super::{Result, StoreError, redact_url};
 
@@ -16,6 +19,29 @@ pub async fn create_pg_schema(url: &str, name: &str) -> Result<String> {
 
 pub async fn drop_pg_schema(url: &str, name: &str) -> Result<()> {
     run(url, &format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await
+}
+
+/// A new directory `name` beside the file of the SQLite URL `url` (the
+/// same filesystem, so a benchmark measures the disk the URL names), or in
+/// the system's temp directory without a URL. The file itself is never
+/// opened.
+pub fn sqlite_dir(url: Option<&str>, name: &str) -> Result<PathBuf> {
+    let parent = match url {
+        None => std::env::temp_dir(),
+        Some(url) => {
+            let opts = SqliteConnectOptions::from_str(url)
+                .map_err(|e| StoreError::Invalid(format!("bad SQLite URL {url:?}: {e}")))?;
+            match opts.get_filename().parent() {
+                Some(p) if p != Path::new("") => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            }
+        }
+    };
+    // Not `create_dir_all`: a mistyped path is an error, not a new tree.
+    let dir = parent.join(name);
+    std::fs::create_dir(&dir)
+        .map_err(|e| StoreError::Invalid(format!("cannot create {}: {e}", dir.display())))?;
+    Ok(dir)
 }
 
 async fn run(url: &str, sql: &str) -> Result<()> {
