@@ -60,12 +60,16 @@ for bin in "$@"; do
     "$bin" bench --db "sqlite://$run/bench.db" --jobs "$JOBS" --targets "$TARGETS" --no-latency \
     >"$run/out" 2>"$run/err" &
   pid=$!
-  # The bench's scratch file, beside the one --db names (valgrind keeps
-  # the program's pid).
-  db="$run/jobdeck-bench-$pid/bench.db"
+  # The bench's scratch file, in a directory beside the one --db names
+  # (valgrind keeps the program's pid); builds before 5ad0f12 wrote into
+  # the named file itself.
+  db=""
   # Zero the counters once every job is in (the enqueue is one transaction).
   while kill -0 "$pid" 2>/dev/null; do
-    [ -e "$db" ] || { sleep 0.05; continue; }
+    for f in "$run/jobdeck-bench-$pid/bench.db" "$run/bench.db"; do
+      [ -e "$f" ] && db=$f
+    done
+    [ -n "$db" ] || { sleep 0.05; continue; }
     jobs_in=$("$bin" stats --db "sqlite://$db" --json 2>/dev/null \
       | awk -F': ' '/"(queued|leased|running|succeeded)"/ { gsub(",", "", $2); s += $2 } END { print s + 0 }')
     [ "$jobs_in" -ge "$JOBS" ] && break

@@ -105,19 +105,27 @@ macro_rules! started_on_targets {
     };
 }
 
-/// The cycle's locks, after its successes and its claim: the lock of each
-/// job that succeeded in this transaction is freed, or handed with the
-/// next fence to the job this cycle started on its target; each other
-/// target a started job has is taken. The finishing jobs are joined, not
-/// tested with `IN (SELECT …)` (a temporary index and a Bloom filter at
-/// every cycle; see `succeed_jobs`). Parameters: ?1 now, ?4 the finishing
-/// jobs, ?5 worker, ?9 the cycle's lease token.
+/// The cycle's locks, after its successes and its claim, upserted one
+/// move per row: the lock of each job that succeeded in this transaction
+/// is freed, and each target a started job has is taken with the fence its
+/// start recorded. A lock handed from a finished job to the next on its
+/// target gets both rows, in either order the same: a free that comes
+/// second finds its lock held by a job not finishing and leaves it; a take
+/// that comes first finds the holder finishing and takes over. (Grouped by
+/// target into one row each, as before, they cost a sorter and three
+/// aggregates per cycle: the writer's instructions per job with 100
+/// targets −3.1 % without them, the same without targets.) The finishing
+/// jobs are joined, not tested with `IN (SELECT …)` (a temporary index and
+/// a Bloom filter at every cycle; see `succeed_jobs`). `WHERE true`: an
+/// upsert's `SELECT` needs a `WHERE` before `ON CONFLICT` (SQLite's
+/// parser). Parameters: ?1 now, ?4 the finishing jobs, ?5 worker, ?9 the
+/// cycle's lease token.
 macro_rules! write_locks {
     () => {
         concat!(
             "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
-             SELECT target, max(fence), max(holder), iif(max(holder) IS NULL, NULL, ?5),
-                 iif(max(holder) IS NULL, NULL, ?1), max(expires)
+             SELECT target, fence, holder, iif(holder IS NULL, NULL, ?5),
+                 iif(holder IS NULL, NULL, ?1), expires
              FROM (
                  SELECT l.target, l.fence, NULL AS holder, NULL AS expires
                  FROM json_each(?4) AS finishing JOIN jobs h ON h.id = finishing.value
@@ -128,7 +136,7 @@ macro_rules! write_locks {
             started_on_targets!(),
             "
              )
-             GROUP BY target
+             WHERE true
              ON CONFLICT (target) DO UPDATE SET
                  fence = locks.fence + (excluded.holder_job IS NOT NULL),
                  holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
