@@ -75,9 +75,9 @@ fn the_named_sqlite_database_is_left_as_it_was() {
         names
     };
     let jobs = || {
-        let listed = cli(&["jobs", "--json", "--limit", "1000"]);
-        let listed = listed.as_array().expect("a list of jobs").clone();
-        listed
+        cli(&["jobs", "--json", "--limit", "1000"])
+            .as_array()
+            .expect("a list of jobs")
             .iter()
             .map(|j| format!("#{} {} {}", j["id"], j["pipeline"], j["state"]))
             .collect::<Vec<_>>()
