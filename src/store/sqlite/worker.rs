@@ -283,8 +283,12 @@ impl SqliteStore {
 /// function sorted every candidate by target at every claim, targets or
 /// none, and the claim then sorted them again (the cycle's writer ran 12 %
 /// fewer instructions per untargeted job without it; bench/HISTORY.md,
-/// session 24). `cand` is materialized so that the probe of `ahead` reads
-/// the candidates, not the claim index again.
+/// session 24). With no queued job on a target (`target_queue` empty, one
+/// probe per claim) there is no duplicate to drop, and the window is the
+/// request: each candidate beyond it was a row read and materialized for
+/// nothing (the writer's instructions per untargeted job −2.0 %; session
+/// 27). `cand` is materialized so that the probe of `ahead` reads the
+/// candidates, not the claim index again.
 /// The leased-sibling probe is pinned to the per-target index (its
 /// `state = 'leased'` implies the index's condition, so the partial index
 /// applies): through the state index it would scan every leased job for
@@ -305,7 +309,7 @@ macro_rules! claim_picks {
                   AND NOT EXISTS (SELECT 1 FROM jobs o INDEXED BY jobs_target_active
                                   WHERE o.target = jobs.target AND o.state = 'leased')))
             ORDER BY priority DESC, due_at, id
-            LIMIT ?3 * 2 + 2
+            LIMIT iif(EXISTS (SELECT 1 FROM target_queue), ?3 * 2 + 2, ?3)
         ), pick AS (
             SELECT id, pipeline, target FROM cand
             WHERE target IS NULL OR NOT EXISTS (
