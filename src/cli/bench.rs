@@ -78,9 +78,7 @@ pub async fn run(db: Option<String>, a: BenchArgs) -> Result<i32> {
         return super::bench_scale::run(db, a.scale, a.json).await;
     }
     let name = format!("jobdeck-bench-{}", std::process::id());
-    let postgres = db
-        .as_deref()
-        .is_some_and(|u| store::redact_url(u).starts_with("postgres"));
+    let postgres = db.as_deref().map(store::backend_of).transpose()? == Some(BackendKind::Postgres);
     let scratch = store::scratch::sqlite_dir(db.as_deref().filter(|_| !postgres), &name)?;
     let result = match db {
         Some(url) if postgres => {

@@ -177,9 +177,8 @@ impl Scratch {
 
 pub async fn run(db: Option<String>, a: ScaleArgs, json: bool) -> Result<i32> {
     let (small, large) = sizes(&a);
-    let pg_base = db
-        .clone()
-        .filter(|u| store::redact_url(u).starts_with("postgres"));
+    let postgres = db.as_deref().map(store::backend_of).transpose()? == Some(BackendKind::Postgres);
+    let pg_base = db.clone().filter(|_| postgres);
     anyhow::ensure!(
         !a.explain || pg_base.is_some(),
         "--explain needs a Postgres --db (it reads the plans through auto_explain); \

@@ -25,7 +25,7 @@ pub mod sqlite;
 mod url;
 
 pub use error::StoreError;
-pub use url::{Backend as BackendKind, redact_url};
+pub use url::{Backend as BackendKind, backend_of, redact_url};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
