@@ -6,8 +6,11 @@
 # 0.1 %, whatever else the machine is doing, so a change to the cycle's
 # SQL or to SQLite's build shows as a number, where `bench/ab.sh`'s
 # wall-clock pairs swing by ±15 % on these machines. It counts
-# instructions, not time: it does not see the kernel (the WAL's writes),
-# waits, or the engine's own thread; confirm a gain with `bench/ab.sh`.
+# instructions, not time: it does not see the kernel (the WAL's writes) or
+# waits; confirm a gain with `bench/ab.sh`. The engine's own thread (the
+# main one: decoding rows, running the jobs, building the next cycle) is
+# printed too. Its count moves by a few percent from run to run, with how
+# often the runtime parks between the writer's answers.
 #
 #   bench/instructions.sh target/release/jobdeck
 #   bench/instructions.sh --targets 100 /tmp/jobdeck-before target/release/jobdeck
@@ -84,4 +87,7 @@ for bin in "$@"; do
   total=$(writer_total "$run")
   printf '%-40s targets %-4s writer thread %15s instructions, %9s per job\n' \
     "$bin" "$TARGETS" "$total" "$((total / JOBS))"
+  engine=$(awk '/^summary:/ { print $2; exit }' "$run"/cg.*-01)
+  printf '%-40s targets %-4s engine thread %15s instructions, %9s per job\n' \
+    "$bin" "$TARGETS" "$engine" "$((engine / JOBS))"
 done
