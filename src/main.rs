@@ -4,6 +4,16 @@ use clap::Parser;
 use jobdeck::cli::{self, Cli, Command, ConsoleArgs};
 use nix::sys::signal::{SigHandler, Signal, signal};
 
+/// glibc's malloc and free cost the engine's thread a sixth of its
+/// instructions per job and SQLite's writer thread a fourteenth, much of it
+/// freeing on one thread what another allocated (sqlx copies each returned
+/// value on its SQLite thread, the engine drops it). With mimalloc, for
+/// SQLite's allocations too (`override`, see Cargo.toml): -17 % and -7 %
+/// (`bench/instructions.sh`; bench/HISTORY.md, session 28).
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     // The step supervisor is this same binary in a hidden mode; it must start
