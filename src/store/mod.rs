@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::job::{Event, Job, StalePolicy, State};
 
+mod columns;
 mod error;
 mod migrate;
 pub mod postgres;

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{Connection, PgConnection, Row};
+use sqlx::{Connection, PgConnection};
 
 use super::lean_cycle::{self, Lean};
 use super::lock_cycle;
@@ -18,6 +18,7 @@ use super::lock_cycle::ClaimWindow;
 use super::worker::{claim_in, claim_window, finish_in, start_in};
 use super::{PgStore, ms, rows};
 use crate::job::{self, Job, State};
+use crate::store::columns::InOrder;
 use crate::store::{
     ClaimRequest, Claimed, CycleOutcome, CycleRequest, LeaseRef, Outcome, Result, StartOutcome,
     StartSpec, StoreError, group_by_spec, item_answer, successes,
@@ -243,14 +244,16 @@ fn read_cycle(rows: &[PgRow], finishes: &[(LeaseRef, Outcome)]) -> Result<CycleR
     let mut passed_over = 0;
     let mut any_target = false;
     for row in rows {
-        any_target |= row.try_get::<Option<&str>, _>("target")?.is_some();
+        // Positions in `job_cols!`, whose shape `brief_cols!` shares.
+        let mut c = InOrder::new(row);
+        any_target |= c.get_at::<Option<&str>>(2, "target")?.is_some();
         // Only the claimed jobs are decoded whole: the engine runs them.
-        match rows::state(row.try_get("state")?)? {
+        match rows::state(c.get_at(4, "state")?)? {
             State::Succeeded => {
                 succeeded.insert(LeaseRef {
-                    id: row.try_get("id")?,
-                    token: row
-                        .try_get::<Option<i64>, _>("lease_token")?
+                    id: c.get_at(0, "id")?,
+                    token: c
+                        .get_at::<Option<i64>>(11, "lease_token")?
                         .unwrap_or_default(),
                 });
             }

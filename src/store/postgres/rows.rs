@@ -7,6 +7,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use crate::job::{Event, Job, StalePolicy, State};
+use crate::store::columns::InOrder;
 use crate::store::{Result, StoreError};
 
 pub(super) fn state(s: &str) -> Result<State> {
@@ -18,33 +19,33 @@ fn json_map(id: i64, s: &str) -> Result<serde_json::Map<String, serde_json::Valu
         .map_err(|e| StoreError::Database(format!("job {id}: args are not a JSON object: {e}")))
 }
 
-/// A row selected with `job_cols!()`.
+/// A row selected with `job_cols!()`, read in its order.
 pub(super) fn job(r: &PgRow) -> Result<Job> {
-    let id: i64 = r.try_get("id")?;
-    let on_stale: String = r.try_get("on_stale")?;
+    let mut c = InOrder::new(r);
+    let id: i64 = c.get("id")?;
     Ok(Job {
         id,
-        pipeline: r.try_get("pipeline")?,
-        target: r.try_get("target")?,
-        args: json_map(id, r.try_get::<&str, _>("args")?)?,
-        state: state(r.try_get("state")?)?,
-        priority: r.try_get("priority")?,
-        due_at: r.try_get("due_at")?,
-        attempt: r.try_get("attempt")?,
-        max_attempts: r.try_get("max_attempts")?,
-        step: r.try_get("step")?,
-        lease_owner: r.try_get("lease_owner")?,
-        lease_token: r.try_get("lease_token")?,
-        lease_expires_at: r.try_get("lease_expires_at")?,
-        lock_fence: r.try_get("lock_fence")?,
-        unique_key: r.try_get("unique_key")?,
-        cancel_requested_at: r.try_get("cancel_requested_at")?,
-        last_error: r.try_get("last_error")?,
-        on_stale: StalePolicy::from_str(&on_stale).map_err(StoreError::Database)?,
-        schedule_id: r.try_get("schedule_id")?,
-        created_at: r.try_get("created_at")?,
-        started_at: r.try_get("started_at")?,
-        finished_at: r.try_get("finished_at")?,
+        pipeline: c.get("pipeline")?,
+        target: c.get("target")?,
+        args: json_map(id, c.get::<&str>("args")?)?,
+        state: state(c.get("state")?)?,
+        priority: c.get("priority")?,
+        due_at: c.get("due_at")?,
+        attempt: c.get("attempt")?,
+        max_attempts: c.get("max_attempts")?,
+        step: c.get("step")?,
+        lease_owner: c.get("lease_owner")?,
+        lease_token: c.get("lease_token")?,
+        lease_expires_at: c.get("lease_expires_at")?,
+        lock_fence: c.get("lock_fence")?,
+        unique_key: c.get("unique_key")?,
+        cancel_requested_at: c.get("cancel_requested_at")?,
+        last_error: c.get("last_error")?,
+        on_stale: StalePolicy::from_str(c.get("on_stale")?).map_err(StoreError::Database)?,
+        schedule_id: c.get("schedule_id")?,
+        created_at: c.get("created_at")?,
+        started_at: c.get("started_at")?,
+        finished_at: c.get("finished_at")?,
     })
 }
 

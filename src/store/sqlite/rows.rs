@@ -5,10 +5,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqliteConnection};
 
 use crate::job::{Job, StalePolicy, State};
+use crate::store::columns::InOrder;
 use crate::store::{Result, StoreError};
 
 /// The columns of [`job_from_row`], for `SELECT` and `RETURNING` alike.
@@ -58,11 +59,12 @@ pub(super) fn lease_lists(leases: &[crate::store::LeaseRef]) -> Result<(String, 
     ))
 }
 
-/// The lease of a row that returned `id` and `lease_token`.
+/// The lease of a row whose first columns are `id, lease_token`.
 pub(super) fn lease_of(row: &SqliteRow) -> Result<crate::store::LeaseRef> {
+    let mut c = InOrder::new(row);
     Ok(crate::store::LeaseRef {
-        id: row.try_get("id")?,
-        token: row.try_get("lease_token")?,
+        id: c.get("id")?,
+        token: c.get("lease_token")?,
     })
 }
 
@@ -88,30 +90,32 @@ pub(super) fn json_map(text: &str) -> Result<serde_json::Map<String, serde_json:
     serde_json::from_str(text).map_err(|e| StoreError::Database(format!("bad args JSON: {e}")))
 }
 
+/// A row selected with `job_cols!`, read in its order.
 pub(super) fn job_from_row(row: &SqliteRow) -> Result<Job> {
+    let mut c = InOrder::new(row);
     Ok(Job {
-        id: row.try_get("id")?,
-        pipeline: row.try_get("pipeline")?,
-        target: row.try_get("target")?,
-        args: json_map(row.try_get("args")?)?,
-        state: state(row.try_get("state")?)?,
-        priority: row.try_get("priority")?,
-        due_at: to_time(row.try_get("due_at")?)?,
-        attempt: row.try_get("attempt")?,
-        max_attempts: row.try_get("max_attempts")?,
-        step: row.try_get("step")?,
-        lease_owner: row.try_get("lease_owner")?,
-        lease_token: row.try_get("lease_token")?,
-        lease_expires_at: opt_time(row.try_get("lease_expires_at")?)?,
-        lock_fence: row.try_get("lock_fence")?,
-        unique_key: row.try_get("unique_key")?,
-        cancel_requested_at: opt_time(row.try_get("cancel_requested_at")?)?,
-        last_error: row.try_get("last_error")?,
-        on_stale: StalePolicy::from_str(row.try_get("on_stale")?).map_err(StoreError::Database)?,
-        schedule_id: row.try_get("schedule_id")?,
-        created_at: to_time(row.try_get("created_at")?)?,
-        started_at: opt_time(row.try_get("started_at")?)?,
-        finished_at: opt_time(row.try_get("finished_at")?)?,
+        id: c.get("id")?,
+        pipeline: c.get("pipeline")?,
+        target: c.get("target")?,
+        args: json_map(c.get("args")?)?,
+        state: state(c.get("state")?)?,
+        priority: c.get("priority")?,
+        due_at: to_time(c.get("due_at")?)?,
+        attempt: c.get("attempt")?,
+        max_attempts: c.get("max_attempts")?,
+        step: c.get("step")?,
+        lease_owner: c.get("lease_owner")?,
+        lease_token: c.get("lease_token")?,
+        lease_expires_at: opt_time(c.get("lease_expires_at")?)?,
+        lock_fence: c.get("lock_fence")?,
+        unique_key: c.get("unique_key")?,
+        cancel_requested_at: opt_time(c.get("cancel_requested_at")?)?,
+        last_error: c.get("last_error")?,
+        on_stale: StalePolicy::from_str(c.get("on_stale")?).map_err(StoreError::Database)?,
+        schedule_id: c.get("schedule_id")?,
+        created_at: to_time(c.get("created_at")?)?,
+        started_at: opt_time(c.get("started_at")?)?,
+        finished_at: opt_time(c.get("finished_at")?)?,
     })
 }
 
