@@ -1,10 +1,10 @@
 //! Reading a row's columns by position, in the order its query selected
 //! them. sqlx finds a column named by a string through a hash of the name:
-//! for the 22 columns of every claimed job that was a tenth of the engine's
+//! for the 22 columns of every claimed job that was 7 % of the engine's
 //! instructions per job on SQLite (bench/HISTORY.md, session 28), paid on
 //! the path each cycle waits on. Release builds also skip sqlx's check that
 //! each column's type suits the Rust type (on Postgres a comparison of type
-//! infos per column, a tenth of the engine's instructions per cycle): the
+//! infos per column, about a tenth of the engine's instructions): the
 //! schema fixes the types. Debug builds (the tests) check both, each
 //! position against the name the reader expects and each type, so a query
 //! that selects its columns in another order, or a migration that changes
