@@ -78,14 +78,14 @@ pub async fn run(db: Option<String>, a: BenchArgs) -> Result<i32> {
         return super::bench_scale::run(db, a.scale, a.json).await;
     }
     let name = format!("jobdeck-bench-{}", std::process::id());
-    let postgres = db.as_deref().map(store::backend_of).transpose()? == Some(BackendKind::Postgres);
-    let scratch = store::scratch::sqlite_dir(db.as_deref().filter(|_| !postgres), &name)?;
-    let result = match db {
-        Some(url) if postgres => {
+    let pg_base = store::scratch::postgres_base(db.as_deref())?;
+    let scratch = store::scratch::sqlite_dir(db.as_deref().filter(|_| pg_base.is_none()), &name)?;
+    let result = match pg_base {
+        Some(base) => {
             let schema = name.replace('-', "_");
-            in_pg_schema(&url, &schema, &a, &scratch).await
+            in_pg_schema(base, &schema, &a, &scratch).await
         }
-        _ => {
+        None => {
             let url = format!("sqlite://{}", scratch.join("bench.db").display());
             bench(&url, &a, &scratch).await
         }

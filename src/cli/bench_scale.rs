@@ -177,8 +177,7 @@ impl Scratch {
 
 pub async fn run(db: Option<String>, a: ScaleArgs, json: bool) -> Result<i32> {
     let (small, large) = sizes(&a);
-    let postgres = db.as_deref().map(store::backend_of).transpose()? == Some(BackendKind::Postgres);
-    let pg_base = db.clone().filter(|_| postgres);
+    let pg_base = store::scratch::postgres_base(db.as_deref())?.map(str::to_string);
     anyhow::ensure!(
         !a.explain || pg_base.is_some(),
         "--explain needs a Postgres --db (it reads the plans through auto_explain); \

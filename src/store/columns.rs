@@ -56,17 +56,18 @@ where
 #[cfg(test)]
 mod tests {
     use sqlx::Connection;
-    use sqlx::sqlite::SqliteConnection;
+    use sqlx::sqlite::{SqliteConnection, SqliteRow};
 
     use super::*;
 
+    async fn row(sql: &'static str) -> SqliteRow {
+        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        sqlx::query(sql).fetch_one(&mut conn).await.unwrap()
+    }
+
     #[tokio::test]
     async fn reads_the_columns_in_their_order() {
-        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-        let row = sqlx::query("SELECT 7 AS id, 'p' AS pipeline")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let row = row("SELECT 7 AS id, 'p' AS pipeline").await;
         let mut cols = InOrder::new(&row);
         assert_eq!(cols.get::<i64>("id").unwrap(), 7);
         assert_eq!(cols.get::<String>("pipeline").unwrap(), "p");
@@ -78,11 +79,7 @@ mod tests {
     #[should_panic(expected = "column 0 of the row")]
     #[cfg(debug_assertions)]
     async fn a_column_out_of_order_fails_in_debug_builds() {
-        let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-        let row = sqlx::query("SELECT 'p' AS pipeline, 7 AS id")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        let row = row("SELECT 'p' AS pipeline, 7 AS id").await;
         let _ = InOrder::new(&row).get::<i64>("id");
     }
 }

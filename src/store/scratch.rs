@@ -8,6 +8,7 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::sqlite::SqliteConnectOptions;
 
+use super::url::{Backend, backend_of};
 use super::{Result, StoreError, redact_url};
 
 /// Create schema `name` and return a URL whose connections use it.
@@ -19,6 +20,15 @@ pub async fn create_pg_schema(url: &str, name: &str) -> Result<String> {
 
 pub async fn drop_pg_schema(url: &str, name: &str) -> Result<()> {
     run(url, &format!("DROP SCHEMA IF EXISTS {name} CASCADE")).await
+}
+
+/// `db` when it names a Postgres database (the base of the scratch
+/// schemas), `None` for SQLite or no URL; an unsupported URL is an error.
+pub fn postgres_base(db: Option<&str>) -> Result<Option<&str>> {
+    match db {
+        Some(url) if backend_of(url)? == Backend::Postgres => Ok(Some(url)),
+        _ => Ok(None),
+    }
 }
 
 /// A new directory `name` beside the file of the SQLite URL `url` (the
