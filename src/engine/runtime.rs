@@ -344,7 +344,10 @@ async fn settle(
                 if missed.shutdown {
                     ctx.registry.signal(lease.id, JobSignal::Shutdown);
                 }
-                jobs.spawn(job_run::run(ctx.clone(), c.job, c.started, signals));
+                // Boxed: the future is about 2 KB, and the task would
+                // otherwise copy it whole at each hand-over inside spawn.
+                let run = Box::pin(job_run::run(ctx.clone(), c.job, c.started, signals));
+                jobs.spawn(run);
             }
             full
         }
