@@ -10,7 +10,8 @@ import statistics
 import subprocess
 
 # Display order; each row's jobdeck reference is the jobdeck row of the same
-# backend without targets.
+# backend without targets. Labels name the run's concurrency as {c} (and half
+# of it as {h}): the row keys keep the names of the default run (8).
 ROWS = [
     ("jobdeck-postgres", "jobdeck, Postgres", "jobdeck-postgres"),
     ("jobdeck-postgres-t100", "jobdeck, Postgres, 100 targets", "jobdeck-postgres"),
@@ -19,17 +20,17 @@ ROWS = [
     ("pgboss-postgres", "pg-boss 12 (burst, notify)", "jobdeck-postgres"),
     ("apalis-postgres", "apalis 1.0, Postgres", "jobdeck-postgres"),
     ("river-postgres", "riverqueue 0.5, Postgres (cooldown 1 ms)", "jobdeck-postgres"),
-    ("pgbench-c8", "pgbench 1-row UPDATE, 8 clients", "jobdeck-postgres"),
+    ("pgbench-c8", "pgbench 1-row UPDATE, {c} clients", "jobdeck-postgres"),
     ("pgbench-c1", "pgbench 1-row UPDATE, 1 client", "jobdeck-postgres"),
-    ("floor-1x8", "floor: bench/floor.sql, 1 client x 8 jobs", "jobdeck-postgres"),
-    ("floor-2x4", "floor: bench/floor.sql, 2 clients x 4 jobs", "jobdeck-postgres"),
-    ("lean-1x8", "lean: jobdeck's cycle statement, 1 x 8 jobs", "jobdeck-postgres"),
+    ("floor-1x8", "floor: bench/floor.sql, 1 client x {c} jobs", "jobdeck-postgres"),
+    ("floor-2x4", "floor: bench/floor.sql, 2 clients x {h} jobs", "jobdeck-postgres"),
+    ("lean-1x8", "lean: jobdeck's cycle statement, 1 x {c} jobs", "jobdeck-postgres"),
     ("jobdeck-sqlite", "jobdeck, SQLite", "jobdeck-sqlite"),
     ("jobdeck-sqlite-t100", "jobdeck, SQLite, 100 targets", "jobdeck-sqlite"),
     ("apalis-sqlite", "apalis 1.0, SQLite", "jobdeck-sqlite"),
     ("river-sqlite", "riverqueue 0.5, SQLite (cooldown 1 ms)", "jobdeck-sqlite"),
     ("sqlite-wal-update", "SQLite WAL 1-row UPDATE tx", "jobdeck-sqlite"),
-    ("floor-sqlite", "floor: peers/sqlite_floor.py, 8 jobs per tx", "jobdeck-sqlite"),
+    ("floor-sqlite", "floor: peers/sqlite_floor.py, {c} jobs per tx", "jobdeck-sqlite"),
 ]
 
 
@@ -96,6 +97,7 @@ def main():
     head = f"{'system / backend':44} {'enqueue/s':>10} {'process/s':>10} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'jobdeck ÷':>10}"
     lines = [head, "-" * len(head)]
     for key, label, ref in ROWS:
+        label = label.format(c=a.concurrency, h=a.concurrency // 2)
         s = summary.get(key)
         if s is None:
             if key in failed:
