@@ -274,6 +274,7 @@ for ((PASS = 1; PASS <= RUNS; PASS++)); do
   if [ "$HAVE_JOBDECK" = 1 ]; then
     measure jobdeck-postgres bench_jobdeck "${JD[@]}" --db "{URL}"
     measure jobdeck-postgres-t100 bench_jobdeck "${JD[@]}" --db "{URL}" --targets 100
+    measure jobdeck-postgres-busypoll bench_jobdeck "${JD[@]}" --db "{URL}" --busy-poll 2ms
     measure jobdeck-sqlite "" "${JD[@]}"
     measure jobdeck-sqlite-t100 "" "${JD[@]}" --targets 100
     floor_row floor-1x8 1 "$CONC"

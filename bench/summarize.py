@@ -15,6 +15,7 @@ import subprocess
 ROWS = [
     ("jobdeck-postgres", "jobdeck, Postgres", "jobdeck-postgres"),
     ("jobdeck-postgres-t100", "jobdeck, Postgres, 100 targets", "jobdeck-postgres"),
+    ("jobdeck-postgres-busypoll", "jobdeck, Postgres, busy_poll 2ms", "jobdeck-postgres"),
     ("pgqueuer-postgres", "pgqueuer 1.6", "jobdeck-postgres"),
     ("graphile-postgres", "graphile-worker 0.18", "jobdeck-postgres"),
     ("pgboss-postgres", "pg-boss 12 (burst, notify)", "jobdeck-postgres"),

@@ -101,3 +101,20 @@ fn postgres_with_two_cycles_in_flight_and_targets() {
     let report = bench(&["--db", &url, "--cycles-in-flight", "2", "--targets", "7"]);
     check(&report, "postgres", 7);
 }
+
+/// `[workers] busy_poll` through the bench's own flag: the engine polls
+/// for each cycle's answer instead of sleeping, with locks, on both
+/// backends.
+#[test]
+fn busy_poll_on_both_backends() {
+    check(
+        &bench(&["--busy-poll", "50ms", "--targets", "3"]),
+        "sqlite",
+        3,
+    );
+    let Some(url) = postgres_url("postgres bench smoke test") else {
+        return;
+    };
+    let report = bench(&["--db", &url, "--busy-poll", "50ms", "--targets", "3"]);
+    check(&report, "postgres", 3);
+}

@@ -309,6 +309,7 @@ fn defaults() {
     let w = WorkersConfig::default();
     assert_eq!(w.slots, 4);
     assert_eq!(w.cycles_in_flight, 1);
+    assert_eq!(w.busy_poll, Duration::ZERO);
     assert_eq!(w.lease, Duration::from_secs(30));
     assert_eq!(w.poll, Duration::from_millis(200));
     assert_eq!(w.kill_grace, Duration::from_secs(10));
@@ -363,6 +364,17 @@ fn cycles_in_flight_is_read() {
     let c = parse("[workers]\ncycles_in_flight = 3\n", "jobdeck.toml").unwrap();
     assert_eq!(c.workers.cycles_in_flight, 3);
     assert_eq!(c.workers.slots, 4);
+}
+
+#[test]
+fn busy_poll_is_read() {
+    let c = parse("[workers]\nbusy_poll = \"2ms\"\n", "jobdeck.toml").unwrap();
+    assert_eq!(c.workers.busy_poll, Duration::from_millis(2));
+    assert_error(
+        "[workers]\nbusy_poll = \"briefly\"\n",
+        2,
+        &["busy_poll", "invalid duration"],
+    );
 }
 
 fn asset(name: &str) -> Config {

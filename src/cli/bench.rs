@@ -23,6 +23,10 @@ pub struct BenchArgs {
     /// Engine cycles sent before the first answers (`[workers] cycles_in_flight`)
     #[arg(long, default_value_t = config::DEFAULT_CYCLES_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub cycles_in_flight: u32,
+    /// How long the engine polls for a cycle's answer before it sleeps
+    /// (`[workers] busy_poll`; 0s = sleep at once)
+    #[arg(long, default_value = "0s", value_parser = super::args::parse_duration)]
+    pub busy_poll: std::time::Duration,
     /// Spread jobs over this many targets (0 = no targets, no locks)
     #[arg(long, default_value_t = 0)]
     pub targets: u32,
@@ -116,6 +120,7 @@ async fn bench(url: &str, a: &BenchArgs, scratch: &std::path::Path) -> Result<Re
     let store = super::connect_for_slots(url, Some(a.slots as usize)).await?;
     let mut config = config::parse(BENCH_CONFIG, "bench")?;
     config.workers.cycles_in_flight = a.cycles_in_flight as usize;
+    config.workers.busy_poll = a.busy_poll;
     let config = Arc::new(config);
     let target = |i: u32| (a.targets > 0).then(|| format!("t{}", i % a.targets));
 

@@ -61,6 +61,12 @@ pub struct WorkersConfig {
     /// case measured in bench/HISTORY.md ran faster with one). Postgres
     /// only: SQLite has one writer.
     pub cycles_in_flight: usize,
+    /// How long the engine's thread keeps polling for a cycle's answer
+    /// instead of sleeping until it comes (zero: it sleeps at once). A
+    /// thread woken from sleep costs each cycle tens of microseconds,
+    /// which short jobs on Postgres feel; polling keeps a core busy
+    /// while cycles are in flight.
+    pub busy_poll: Duration,
     pub lease: Duration,
     /// How often an idle worker looks for due jobs.
     pub poll: Duration,
@@ -77,6 +83,7 @@ impl Default for WorkersConfig {
         WorkersConfig {
             slots: DEFAULT_SLOTS,
             cycles_in_flight: DEFAULT_CYCLES_IN_FLIGHT,
+            busy_poll: Duration::ZERO,
             lease: DEFAULT_LEASE,
             poll: DEFAULT_POLL,
             kill_grace: DEFAULT_KILL_GRACE,

@@ -36,6 +36,7 @@ pub(super) struct RawDatabase {
 pub(super) struct RawWorkers {
     pub slots: Option<Spanned<i64>>,
     pub cycles_in_flight: Option<Spanned<i64>>,
+    pub busy_poll: Option<Dur>,
     pub lease: Option<Spanned<Dur>>,
     pub poll: Option<Spanned<Dur>>,
     pub kill_grace: Option<Dur>,

@@ -104,6 +104,7 @@ fn workers(w: RawWorkers) -> Result<WorkersConfig> {
     Ok(WorkersConfig {
         slots,
         cycles_in_flight,
+        busy_poll: w.busy_poll.map_or(Duration::ZERO, |d| d.0),
         lease,
         poll,
         kill_grace: w.kill_grace.map_or(DEFAULT_KILL_GRACE, |d| d.0),

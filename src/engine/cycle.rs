@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{self, JoinError, JoinSet};
@@ -235,8 +235,21 @@ impl InFlight {
         self.sent.insert(handle.id(), sent);
     }
 
-    /// The next cycle to answer; pending while none is in flight.
-    pub async fn settled(&mut self) -> Settled {
+    /// The next cycle to answer; pending while none is in flight. Until
+    /// `busy_until` (`[workers] busy_poll`) the thread looks for the
+    /// answer without going to sleep: a sleeping thread's wake-up is a
+    /// sizeable part of a short cycle (bench/HISTORY.md, session 33).
+    pub async fn settled(&mut self, busy_until: Option<Instant>) -> Settled {
+        if let Some(until) = busy_until {
+            while !self.is_empty() && Instant::now() < until {
+                if let Some(s) = self.try_settled() {
+                    return s;
+                }
+                // Yielding lets the runtime poll its sockets (without
+                // blocking) before it polls this task again.
+                task::yield_now().await;
+            }
+        }
         match self.cycles.join_next_with_id().await {
             Some(joined) => self.account(joined),
             None => std::future::pending().await,

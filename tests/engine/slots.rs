@@ -1,6 +1,7 @@
 //! The slot cap: a node never runs more jobs at once than it has slots,
 //! also while several of its cycles are in flight (Postgres; SQLite runs
-//! one at a time whatever the setting), and it fills them.
+//! one at a time whatever the setting) and while it polls for their
+//! answers (`busy_poll`), and it fills them.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,6 +18,7 @@ const CONFIG: &str = r#"
 [workers]
 lease = "10s"
 cycles_in_flight = 2
+busy_poll = "5ms"
 
 [[pipeline]]
 name = "ledger"
