@@ -27,6 +27,8 @@ pub const DEFAULT_SLOTS: usize = 4;
 pub const DEFAULT_CYCLES_IN_FLIGHT: usize = 1;
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_POLL: Duration = Duration::from_millis(200);
+/// Off: the engine's thread sleeps as soon as a cycle is sent.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::ZERO;
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -83,7 +85,7 @@ impl Default for WorkersConfig {
         WorkersConfig {
             slots: DEFAULT_SLOTS,
             cycles_in_flight: DEFAULT_CYCLES_IN_FLIGHT,
-            busy_poll: Duration::ZERO,
+            busy_poll: DEFAULT_BUSY_POLL,
             lease: DEFAULT_LEASE,
             poll: DEFAULT_POLL,
             kill_grace: DEFAULT_KILL_GRACE,

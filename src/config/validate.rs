@@ -10,10 +10,10 @@ use toml::Spanned;
 use super::locate::{Located, line_of};
 use super::raw::{Dur, RawConfig, RawPipeline, RawSchedule, RawStep, RawWorkers};
 use super::{
-    Builtin, Config, DEFAULT_CYCLES_IN_FLIGHT, DEFAULT_DRAIN_GRACE, DEFAULT_KILL_GRACE,
-    DEFAULT_LEASE, DEFAULT_LOCK_WAIT, DEFAULT_POLL, DEFAULT_RETENTION, DEFAULT_SLOTS,
-    DEFAULT_TIMEZONE, DatabaseConfig, Pipeline, Schedule, Step, StepAction, WorkersConfig,
-    schedule, template,
+    Builtin, Config, DEFAULT_BUSY_POLL, DEFAULT_CYCLES_IN_FLIGHT, DEFAULT_DRAIN_GRACE,
+    DEFAULT_KILL_GRACE, DEFAULT_LEASE, DEFAULT_LOCK_WAIT, DEFAULT_POLL, DEFAULT_RETENTION,
+    DEFAULT_SLOTS, DEFAULT_TIMEZONE, DatabaseConfig, Pipeline, Schedule, Step, StepAction,
+    WorkersConfig, schedule, template,
 };
 use crate::job::{DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS};
 
@@ -104,7 +104,7 @@ fn workers(w: RawWorkers) -> Result<WorkersConfig> {
     Ok(WorkersConfig {
         slots,
         cycles_in_flight,
-        busy_poll: w.busy_poll.map_or(Duration::ZERO, |d| d.0),
+        busy_poll: w.busy_poll.map_or(DEFAULT_BUSY_POLL, |d| d.0),
         lease,
         poll,
         kill_grace: w.kill_grace.map_or(DEFAULT_KILL_GRACE, |d| d.0),

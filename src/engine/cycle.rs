@@ -168,6 +168,9 @@ pub struct InFlight {
     cycles: JoinSet<Result<Vec<Claimed>>>,
     sent: HashMap<task::Id, Sent>,
     most: usize,
+    /// Until when [`InFlight::settled`] polls instead of sleeping: the
+    /// last send plus `[workers] busy_poll`.
+    busy_until: Option<Instant>,
 }
 
 impl InFlight {
@@ -176,6 +179,7 @@ impl InFlight {
             cycles: JoinSet::new(),
             sent: HashMap::new(),
             most: most.max(1),
+            busy_until: None,
         }
     }
 
@@ -224,6 +228,8 @@ impl InFlight {
 
     /// Write `finishes` and `claim` in a cycle of its own task.
     pub fn send(&mut self, ctx: &Arc<Ctx>, finishes: Vec<Finish>, claim: Option<ClaimRequest>) {
+        let busy_poll = ctx.config.workers.busy_poll;
+        self.busy_until = (!busy_poll.is_zero()).then(|| Instant::now() + busy_poll);
         let sent = Sent {
             finishing: finishes.iter().map(|f| f.lease.id).collect(),
             limit: claim.as_ref().map_or(0, |c| c.limit),
@@ -235,12 +241,12 @@ impl InFlight {
         self.sent.insert(handle.id(), sent);
     }
 
-    /// The next cycle to answer; pending while none is in flight. Until
-    /// `busy_until` (`[workers] busy_poll`) the thread looks for the
-    /// answer without going to sleep: a sleeping thread's wake-up is a
-    /// sizeable part of a short cycle (bench/HISTORY.md, session 33).
-    pub async fn settled(&mut self, busy_until: Option<Instant>) -> Settled {
-        if let Some(until) = busy_until {
+    /// The next cycle to answer; pending while none is in flight. For
+    /// `[workers] busy_poll` after a send the thread looks for the answer
+    /// without going to sleep: a sleeping thread's wake-up is a sizeable
+    /// part of a short cycle (bench/HISTORY.md, session 33).
+    pub async fn settled(&mut self) -> Settled {
+        if let Some(until) = self.busy_until {
             while !self.is_empty() && Instant::now() < until {
                 if let Some(s) = self.try_settled() {
                     return s;

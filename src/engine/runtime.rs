@@ -191,8 +191,6 @@ pub async fn run(
     let mut finishes = Vec::new();
     let mut flight = InFlight::new(cycles_in_flight(&ctx));
     let mut answered: Option<Settled> = None;
-    let busy_poll = ctx.config.workers.busy_poll;
-    let mut busy_until: Option<Instant> = None;
     // A claim runs with every cycle that writes finishes, and otherwise
     // only when there may be new work: at start, on a wake-up (new job,
     // freed slot), at each poll, and while claims come back full.
@@ -223,7 +221,6 @@ pub async fn run(
             }
             if claim.is_some() || !finishes.is_empty() {
                 flight.send(&ctx, std::mem::take(&mut finishes), claim);
-                busy_until = (!busy_poll.is_zero()).then(|| Instant::now() + busy_poll);
             }
         }
         ctx.publish();
@@ -253,7 +250,7 @@ pub async fn run(
                 }
             }
             Some(f) = finish_rx.recv() => finishes.push(f),
-            settled = flight.settled(busy_until) => answered = Some(settled),
+            settled = flight.settled() => answered = Some(settled),
             // Only a drain waits for the tasks themselves: a task whose job
             // ends frees its slot through the cycle or `wake`, and waking
             // this loop for every task's exit besides cost a pass per job.
