@@ -83,12 +83,16 @@ def gap(a):
 
 
 def produce_cli(a, jd):
-    """One `jobdeck enqueue` process per job: the real producer code path."""
-    ids = []
+    """One `jobdeck enqueue` process per job: the real producer code path.
+    Also times each process from its spawn to its exit, as a script that
+    calls it waits for it (the producer's clock; not part of the latency)."""
+    ids, command_ms = [], []
     for _ in range(a.jobs):
+        spawned = time.perf_counter()
         ids.append(jd.json("enqueue", PIPELINE)["id"])
+        command_ms.append((time.perf_counter() - spawned) * 1000.0)
         gap(a)
-    return ids, ({}, {})
+    return ids, ({}, {}), command_ms
 
 
 # The statements of PgStore::enqueue_job (src/store/postgres/enqueue.rs):
@@ -157,10 +161,11 @@ def wait_done(a, jd, n):
 def run(a):
     jd = Jobdeck(a)
     load = open("/proc/loadavg").read().split()[:3]
+    command_ms = []
     if a.producer == "psql":
         ids, (committed, before) = produce_psql(a)
     else:
-        ids, (committed, before) = produce_cli(a, jd)
+        ids, (committed, before), command_ms = produce_cli(a, jd)
     wait_done(a, jd, len(ids))
     rows = {j["id"]: j for j in jd.json("jobs", "--state", "succeeded", "--limit", str(len(ids) * 2))}
     begin, commit, precommit, tx = [], [], [], []
@@ -189,6 +194,7 @@ def run(a):
         "from_commit_ms": summary(commit),
         "from_before_commit_ms": summary(precommit),
         "enqueue_tx_ms": summary(tx),
+        "command_ms": summary(command_ms),
         "load_before": [float(x) for x in load],
     }
     print(human(result), file=sys.stderr if a.json else sys.stdout)
@@ -217,6 +223,9 @@ def human(r):
             f"  (from before COMMIT: p50 {fmt(c, 'p50')} p99 {fmt(c, 'p99')};"
             f" from BEGIN: p50 {fmt(b, 'p50')} p99 {fmt(b, 'p99')})"
         )
+    if r.get("command_ms"):
+        c = r["command_ms"]
+        line += f"  (each `jobdeck enqueue` spawn→exit: p50 {fmt(c, 'p50')} p99 {fmt(c, 'p99')} ms)"
     return line
 
 
@@ -230,7 +239,7 @@ def median(a):
                     groups.setdefault((r["backend"], r["producer"], r["poll_ms"]), []).append(r)
     for (backend, producer, poll), rs in groups.items():
         out = dict(rs[0], runs=len(rs), load_before=None)
-        for key in ("latency_ms", "from_begin_ms", "from_commit_ms", "from_before_commit_ms", "enqueue_tx_ms"):
+        for key in ("latency_ms", "from_begin_ms", "from_commit_ms", "from_before_commit_ms", "enqueue_tx_ms", "command_ms"):
             if rs[0].get(key):
                 out[key] = {k: statistics.median(r[key][k] for r in rs) for k in rs[0][key]}
         out["per_run_p50_p99"] = [[r["latency_ms"]["p50"], r["latency_ms"]["p99"]] for r in rs]

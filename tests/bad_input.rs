@@ -184,6 +184,47 @@ async fn schema_from_a_newer_version_is_refused() {
     }
 }
 
+/// Opening a database that holds all of this binary's migrations skips
+/// the migrator; an edited or a failed migration must still stop every
+/// command with one line, as the migrator does, on both backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edited_or_failed_migrations_are_still_refused() {
+    let (sqlite, _dir) = common::sqlite_store().await;
+    refuses_edited_or_failed_migrations(&sqlite).await;
+    if let Some((postgres, schema)) = common::postgres_store_named().await {
+        refuses_edited_or_failed_migrations(&postgres).await;
+        common::drop_schema(&schema).await;
+    }
+}
+
+async fn refuses_edited_or_failed_migrations(store: &jobdeck::store::Store) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = store.display_url();
+    let stats = || jobdeck(dir.path(), &["--db", &url, "stats", "--json"]);
+    assert!(stats().status.success(), "a migrated database opens");
+
+    common::raw_exec(
+        store,
+        "UPDATE _sqlx_migrations SET success = false WHERE version = 2".into(),
+    )
+    .await;
+    let line = one_line_error(&stats());
+    assert!(line.contains("2 is partially applied"), "{line}");
+
+    common::raw_exec(
+        store,
+        "UPDATE _sqlx_migrations SET success = true, checksum = substr(checksum, 2) \
+         WHERE version = 2"
+            .into(),
+    )
+    .await;
+    let line = one_line_error(&stats());
+    assert!(
+        line.contains("2 was previously applied but has been modified"),
+        "{line}"
+    );
+}
+
 /// A cluster of the test's own that asks for a password (the machine's
 /// server trusts every local login, so a wrong password would pass there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
+use super::migrate::{APPLIED, Applied, needs_migrator};
 use super::{
     Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
     Enqueued, ExpireReport, FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob,
@@ -112,7 +113,18 @@ impl PgStore {
                 return Err(unreachable(strip(&db.message(), url)));
             }
             Ok(Err(e)) => return Err(unreachable(strip(&e, url))),
-            Ok(Ok(probe)) => {
+            // The probe also reads the schema's migrations and migrates
+            // only when they are not exactly this binary's. Done on the
+            // pool, that took a second connection (the first was still on
+            // its way back) and the migrator's round trips: a quarter of a
+            // one-shot command's time (bench/cli_ab.py; bench/HISTORY.md,
+            // session 34).
+            Ok(Ok(mut probe)) => {
+                let applied: Option<Vec<Applied>> =
+                    sqlx::query_as(APPLIED).fetch_all(&mut probe).await.ok();
+                if needs_migrator(&MIGRATOR, applied.as_deref())? {
+                    MIGRATOR.run(&mut probe).await?;
+                }
                 let _ = probe.close().await;
             }
         }
@@ -124,14 +136,6 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(opts);
-        // The table is absent on a fresh database: no version applied.
-        let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
-            .fetch_one(&pool)
-            .await
-            .ok()
-            .flatten();
-        super::migrate::check_version(&MIGRATOR, applied)?;
-        MIGRATOR.run(&pool).await?;
         Ok(PgStore {
             pool,
             url: url.to_string(),

@@ -17,6 +17,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{ConnectOptions, SqliteConnection, SqlitePool};
 use tokio::sync::{Mutex, RwLock};
 
+use super::migrate::{APPLIED, Applied, needs_migrator};
 use super::{
     Backend, BackendKind, CONNECT_TIMEOUT, CancelOutcome, ClaimRequest, CycleOutcome, CycleRequest,
     Enqueued, ExpireReport, FireResult, FireSlot, JobFilter, LeaseRef, LockInfo, NewJob,
@@ -144,14 +145,11 @@ impl SqliteStore {
                 .connect_with(opts.clone())
         })
         .await?;
-        // The table is absent on a fresh database: no version applied.
-        let applied: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations")
-            .fetch_one(&pool)
-            .await
-            .ok()
-            .flatten();
-        super::migrate::check_version(&MIGRATOR, applied)?;
-        migrate(&pool).await?;
+        // The table is absent on a fresh database: nothing applied.
+        let applied: Option<Vec<Applied>> = sqlx::query_as(APPLIED).fetch_all(&pool).await.ok();
+        if needs_migrator(&MIGRATOR, applied.as_deref())? {
+            migrate(&pool).await?;
+        }
         let write_lock = WriteLock::beside(opts.get_filename())?;
         let writer_opts = opts.pragma("wal_autocheckpoint", checkpoint::WRITER_AUTOCHECKPOINT);
         let writer = open_retrying(url, || writer_opts.connect()).await?;
