@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One-shot commands of two jobdeck builds against each other: the time a
-script waits for `jobdeck enqueue` and `jobdeck stats`, from spawn to exit,
+script waits for `jobdeck enqueue`, `stats` and `jobs`, from spawn to exit,
 on Postgres and SQLite, with no worker running. A and B alternate call by
 call so that a machine whose speed drifts weighs on both alike; prints the
 median per build and command and the median of the per-pair ratios B ÷ A.
@@ -44,7 +44,7 @@ def timed(cmd):
 
 def compare(a, b, url, config, calls):
     subprocess.run([a, "--db", url, "migrate"], check=True, stdout=subprocess.DEVNULL)
-    for command in (["enqueue", "p"], ["stats"]):
+    for command in (["enqueue", "p"], ["stats"], ["jobs", "--limit", "10"]):
         times = {a: [], b: []}
         for _ in range(calls):
             for binary in (a, b):

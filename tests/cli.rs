@@ -1,6 +1,8 @@
 //! The scriptable CLI end to end: the built binary, its JSON on stdout and
-//! its exit codes, on a temp SQLite file (the store itself is covered on
-//! both backends by the contract suite).
+//! its exit codes. The listing and operator commands run on SQLite and on
+//! Postgres (where a one-shot command's pool holds one connection); the
+//! rest on a temp SQLite file (the store itself is covered on both
+//! backends by the contract suite).
 
 mod common;
 
@@ -40,39 +42,117 @@ fn fails(dir: &Path, args: &[&str]) -> String {
     err
 }
 
-#[test]
-fn enqueue_list_show_and_dedupe() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let first = json(
-        d,
-        &[
-            "enqueue",
-            "sync",
-            "--target",
-            "a",
-            "--arg",
-            "dest=/x",
-            "--priority",
-            "5",
-            "--json",
-        ],
-    );
+/// The commands of one test, all on one database: a SQLite file in a temp
+/// dir, or a fresh schema of the `JOBDECK_TEST_POSTGRES` database.
+struct Cli {
+    dir: tempfile::TempDir,
+    db: String,
+    schema: Option<String>,
+}
+
+impl Cli {
+    fn sqlite() -> Cli {
+        let dir = tempfile::tempdir().unwrap();
+        let db = format!("sqlite://{}", dir.path().join("jobdeck.db").display());
+        Cli {
+            dir,
+            db,
+            schema: None,
+        }
+    }
+
+    /// `None` when `JOBDECK_TEST_POSTGRES` is unset (CI sets it).
+    fn postgres() -> Option<Cli> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (store, schema) = rt.block_on(common::postgres_store_named())?;
+        Some(Cli {
+            dir: tempfile::tempdir().unwrap(),
+            db: store.display_url(),
+            schema: Some(schema),
+        })
+    }
+
+    fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec!["--db", self.db.as_str()];
+        all.extend_from_slice(args);
+        all
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        jobdeck(self.dir.path(), &self.args(args))
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        json(self.dir.path(), &self.args(args))
+    }
+
+    fn fails(&self, args: &[&str]) -> String {
+        fails(self.dir.path(), &self.args(args))
+    }
+}
+
+impl Drop for Cli {
+    fn drop(&mut self) {
+        if let Some(schema) = self.schema.take()
+            && !std::thread::panicking()
+        {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(common::drop_schema(&schema));
+        }
+    }
+}
+
+/// One test per backend running the same commands; on Postgres a one-shot
+/// command's pool holds one connection, so a command that wanted two at
+/// once would time out here.
+macro_rules! on_both_backends {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn sqlite() {
+                super::$name(&super::Cli::sqlite());
+            }
+
+            #[test]
+            fn postgres() {
+                if let Some(cli) = super::Cli::postgres() {
+                    super::$name(&cli);
+                }
+            }
+        }
+    };
+}
+
+on_both_backends!(enqueue_list_show_and_dedupe);
+on_both_backends!(operator_actions_and_their_refusals);
+
+fn enqueue_list_show_and_dedupe(c: &Cli) {
+    let first = c.json(&[
+        "enqueue",
+        "sync",
+        "--target",
+        "a",
+        "--arg",
+        "dest=/x",
+        "--priority",
+        "5",
+        "--json",
+    ]);
     assert_eq!(first["deduplicated"], false);
     let id = first["id"].as_i64().unwrap();
     // Plain output is just the id.
-    let plain = jobdeck(d, &["enqueue", "sync", "--unique-key", "k1"]);
+    let plain = c.run(&["enqueue", "sync", "--unique-key", "k1"]);
     let keyed: i64 = String::from_utf8_lossy(&plain.stdout)
         .trim()
         .parse()
         .unwrap();
-    let again = json(d, &["enqueue", "sync", "--unique-key", "k1", "--json"]);
+    let again = c.json(&["enqueue", "sync", "--unique-key", "k1", "--json"]);
     assert_eq!(
         (again["id"].as_i64(), again["deduplicated"].as_bool()),
         (Some(keyed), Some(true))
     );
 
-    let jobs = json(d, &["jobs", "--state", "queued", "--json"]);
+    let jobs = c.json(&["jobs", "--state", "queued", "--json"]);
     let jobs = jobs.as_array().unwrap();
     assert_eq!(jobs.len(), 2, "the deduplicated enqueue added no row");
     let job = jobs.iter().find(|j| j["id"] == id).unwrap();
@@ -105,21 +185,21 @@ fn enqueue_list_show_and_dedupe() {
     assert_eq!(job["priority"], 5);
     assert!(chrono::DateTime::parse_from_rfc3339(job["created_at"].as_str().unwrap()).is_ok());
     assert_eq!(
-        json(d, &["jobs", "--limit", "1", "--json"])
+        c.json(&["jobs", "--limit", "1", "--json"])
             .as_array()
             .unwrap()
             .len(),
         1
     );
     assert_eq!(
-        json(d, &["jobs", "--target", "a", "--json"])
+        c.json(&["jobs", "--target", "a", "--json"])
             .as_array()
             .unwrap()
             .len(),
         1
     );
 
-    let shown = json(d, &["show", &id.to_string(), "--json"]);
+    let shown = c.json(&["show", &id.to_string(), "--json"]);
     assert_eq!(shown["job"]["id"], id);
     let events = shown["events"].as_array().unwrap();
     assert_eq!(events[0]["to"], "queued");
@@ -128,46 +208,43 @@ fn enqueue_list_show_and_dedupe() {
         format!("operator:alice@{}", jobdeck::job::hostname())
     );
 
-    let stats = json(d, &["stats", "--json"]);
+    let stats = c.json(&["stats", "--json"]);
     assert_eq!(stats["queued"], 2);
     assert_eq!(stats["running"], 0);
-    assert_eq!(json(d, &["locks", "--json"]), Value::Array(vec![]));
-    assert_eq!(json(d, &["workers", "--json"]), Value::Array(vec![]));
+    assert_eq!(c.json(&["locks", "--json"]), Value::Array(vec![]));
+    assert_eq!(c.json(&["workers", "--json"]), Value::Array(vec![]));
 
     // A human table has a header and one line per job.
-    let table = jobdeck(d, &["jobs"]);
+    let table = c.run(&["jobs"]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.lines().next().unwrap().starts_with("ID"));
     assert_eq!(text.lines().count(), 3);
 }
 
-#[test]
-fn operator_actions_and_their_refusals() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let id = json(d, &["enqueue", "sync", "--json"])["id"]
+fn operator_actions_and_their_refusals(c: &Cli) {
+    let id = c.json(&["enqueue", "sync", "--json"])["id"]
         .as_i64()
         .unwrap()
         .to_string();
-    let requeue = fails(d, &["requeue", &id]);
+    let requeue = c.fails(&["requeue", &id]);
     assert_eq!(
         requeue,
         format!("jobdeck: job {id} is queued: it is already queued")
     );
-    let extend = fails(d, &["extend", &id, "--by", "30s"]);
+    let extend = c.fails(&["extend", &id, "--by", "30s"]);
     assert!(extend.contains("only leased and running jobs"), "{extend}");
 
-    let cancelled = json(d, &["cancel", &id, "--json"]);
+    let cancelled = c.json(&["cancel", &id, "--json"]);
     assert_eq!(cancelled[0]["ok"], true);
     assert_eq!(
-        json(d, &["show", &id, "--json"])["job"]["state"],
+        c.json(&["show", &id, "--json"])["job"]["state"],
         "cancelled"
     );
-    let twice = fails(d, &["cancel", &id]);
+    let twice = c.fails(&["cancel", &id]);
     assert!(twice.contains("already finished"), "{twice}");
     // Requeue of a cancelled job is allowed and recorded with the operator.
-    assert_eq!(json(d, &["requeue", &id, "--json"])[0]["ok"], true);
-    let shown = json(d, &["show", &id, "--json"]);
+    assert_eq!(c.json(&["requeue", &id, "--json"])[0]["ok"], true);
+    let shown = c.json(&["show", &id, "--json"]);
     assert_eq!(shown["job"]["state"], "queued");
     let last = shown["events"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(
@@ -182,17 +259,17 @@ fn operator_actions_and_their_refusals() {
     );
 
     // Several ids: each reported, the exit status says one failed.
-    let out = jobdeck(d, &["cancel", &id, "999", "--json"]);
+    let out = c.run(&["cancel", &id, "999", "--json"]);
     assert!(!out.status.success());
     let results: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(results[0]["ok"], true);
     assert_eq!(results[1]["error"], "job 999 not found");
 
     assert_eq!(
-        fails(d, &["show", "424242"]),
+        c.fails(&["show", "424242"]),
         "jobdeck: job 424242 not found"
     );
-    let release = fails(d, &["release", "nothing-here"]);
+    let release = c.fails(&["release", "nothing-here"]);
     assert!(release.contains("not locked"), "{release}");
 }
 

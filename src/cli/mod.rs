@@ -60,14 +60,21 @@ pub async fn connect(url: &str) -> Result<Store> {
 /// [`connect`] for a node that runs an engine of `slots` slots: its
 /// connection pool is sized to them.
 pub async fn connect_for_slots(url: &str, slots: Option<usize>) -> Result<Store> {
-    let connecting = async {
+    within_timeout(url, async {
         match slots {
             Some(n) => store::connect_for_slots(url, n).await,
             None => store::connect(url).await,
         }
-    };
-    // The backends time out on their own; this guards against a hang
-    // anywhere else (name resolution, a stuck TLS handshake).
+    })
+    .await
+}
+
+/// The backends time out on their own; this guards against a hang
+/// anywhere else (name resolution, a stuck TLS handshake).
+async fn within_timeout(
+    url: &str,
+    connecting: impl Future<Output = store::Result<Store>>,
+) -> Result<Store> {
     match tokio::time::timeout(store::CONNECT_TIMEOUT * 2, connecting).await {
         Ok(r) => Ok(r?),
         Err(_) => anyhow::bail!(
@@ -104,7 +111,12 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
         Command::Console(a) if !a.no_workers => engine_slots(a.slots),
         _ => None,
     };
-    let store = connect_for_slots(&url, slots).await?;
+    // The console reads several things at once; the other commands
+    // without an engine run their statements one by one.
+    let store = match (&command, slots) {
+        (Command::Console(_), _) | (_, Some(_)) => connect_for_slots(&url, slots).await?,
+        _ => within_timeout(&url, store::connect_one_shot(&url)).await?,
+    };
     match command {
         Command::Console(a) => return console_cmd::console(store, config, a).await,
         Command::Migrate => println!("database {} is up to date", store.display_url()),

@@ -57,6 +57,19 @@ pub async fn connect_for_slots(url: &str, slots: usize) -> Result<Store> {
     }
 }
 
+/// A store for one command whose statements run one after another
+/// (`jobdeck enqueue`, `stats`, `show`…). On Postgres its pool holds one
+/// connection: sqlx checks a released connection with a round trip before
+/// it is idle again, and a larger pool opened a new connection, a new
+/// server process with cold caches, for a statement that came meanwhile
+/// (bench/cli_ab.py; bench/HISTORY.md, session 34).
+pub async fn connect_one_shot(url: &str) -> Result<Store> {
+    match url::backend_of(url)? {
+        BackendKind::Sqlite => Ok(Arc::new(sqlite::SqliteStore::connect(url).await?)),
+        BackendKind::Postgres => Ok(Arc::new(postgres::PgStore::connect_sized(url, 1).await?)),
+    }
+}
+
 /// Connections beside the slots' own: the engine's cycle, the batch of
 /// delayed starts, the heartbeat, and the reaper, scheduler and reads.
 pub const SPARE_CONNECTIONS: u32 = 4;

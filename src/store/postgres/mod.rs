@@ -113,18 +113,7 @@ impl PgStore {
                 return Err(unreachable(strip(&db.message(), url)));
             }
             Ok(Err(e)) => return Err(unreachable(strip(&e, url))),
-            // The probe also reads the schema's migrations and migrates
-            // only when they are not exactly this binary's. Done on the
-            // pool, that took a second connection (the first was still on
-            // its way back) and the migrator's round trips: a quarter of a
-            // one-shot command's time (bench/cli_ab.py; bench/HISTORY.md,
-            // session 34).
-            Ok(Ok(mut probe)) => {
-                let applied: Option<Vec<Applied>> =
-                    sqlx::query_as(APPLIED).fetch_all(&mut probe).await.ok();
-                if needs_migrator(&MIGRATOR, applied.as_deref())? {
-                    MIGRATOR.run(&mut probe).await?;
-                }
+            Ok(Ok(probe)) => {
                 let _ = probe.close().await;
             }
         }
@@ -132,10 +121,17 @@ impl PgStore {
         // transaction, and a connection the server dropped fails its first
         // statement instead, which every caller retries.
         let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(2))
+            .max_connections(max_connections.max(1))
             .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_lazy_with(opts);
+        // The table is absent on a fresh database: nothing applied. The
+        // check warms the connection the command's first statement then
+        // finds in a pool of one (`store::connect_one_shot`).
+        let applied: Option<Vec<Applied>> = sqlx::query_as(APPLIED).fetch_all(&pool).await.ok();
+        if needs_migrator(&MIGRATOR, applied.as_deref())? {
+            MIGRATOR.run(&pool).await?;
+        }
         Ok(PgStore {
             pool,
             url: url.to_string(),
