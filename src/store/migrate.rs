@@ -20,9 +20,10 @@ pub type Applied = (i64, Vec<u8>, bool);
 /// with the same checksum: the migrator would find nothing to run and
 /// nothing to refuse, and its lock, table check and listing cost every
 /// one-shot command (`jobdeck enqueue`, `jobdeck stats`…) a few round
-/// trips (bench/cli_ab.py; bench/HISTORY.md, session 34). Otherwise the migrator runs, and it is
-/// the one that applies what is missing or refuses an edited or failed
-/// migration; a schema newer than this binary is refused here first.
+/// trips (bench/cli_ab.py; bench/HISTORY.md, session 34). Otherwise the
+/// migrator runs, and it is the one that applies what is missing or
+/// refuses an edited or failed migration; a schema newer than this
+/// binary is refused here first.
 pub fn needs_migrator(migrator: &Migrator, applied: Option<&[Applied]>) -> Result<bool> {
     let Some(applied) = applied else {
         return Ok(true);
