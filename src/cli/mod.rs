@@ -106,15 +106,14 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
     let url = database_url(cli.db.as_deref(), &config);
     let engine_slots =
         |slots: Option<u32>| Some(slots.map_or(config.workers.slots, |n| n as usize));
-    let slots = match &command {
-        Command::Worker(a) => engine_slots(a.slots),
-        Command::Console(a) if !a.no_workers => engine_slots(a.slots),
-        _ => None,
-    };
-    // The console reads several things at once; the other commands
-    // without an engine run their statements one by one.
-    let store = match (&command, slots) {
-        (Command::Console(_), _) | (_, Some(_)) => connect_for_slots(&url, slots).await?,
+    // An engine's pool is sized to its slots; the console reads several
+    // things at once; the other commands run their statements one by one.
+    let store = match &command {
+        Command::Worker(a) => connect_for_slots(&url, engine_slots(a.slots)).await?,
+        Command::Console(a) if !a.no_workers => {
+            connect_for_slots(&url, engine_slots(a.slots)).await?
+        }
+        Command::Console(_) => connect(&url).await?,
         _ => within_timeout(&url, store::connect_one_shot(&url)).await?,
     };
     match command {

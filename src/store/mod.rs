@@ -51,10 +51,7 @@ pub async fn connect_for_slots(url: &str, slots: usize) -> Result<Store> {
     let pool = u32::try_from(slots)
         .unwrap_or(u32::MAX)
         .saturating_add(SPARE_CONNECTIONS);
-    match url::backend_of(url)? {
-        BackendKind::Sqlite => Ok(Arc::new(sqlite::SqliteStore::connect(url).await?)),
-        BackendKind::Postgres => Ok(Arc::new(postgres::PgStore::connect_sized(url, pool).await?)),
-    }
+    open(url, pool).await
 }
 
 /// A store for one command whose statements run one after another
@@ -64,9 +61,16 @@ pub async fn connect_for_slots(url: &str, slots: usize) -> Result<Store> {
 /// server process with cold caches, for a statement that came meanwhile
 /// (bench/cli_ab.py; bench/HISTORY.md, session 34).
 pub async fn connect_one_shot(url: &str) -> Result<Store> {
+    open(url, 1).await
+}
+
+/// The store of `url`'s backend; `postgres_pool` sizes a Postgres pool.
+async fn open(url: &str, postgres_pool: u32) -> Result<Store> {
     match url::backend_of(url)? {
         BackendKind::Sqlite => Ok(Arc::new(sqlite::SqliteStore::connect(url).await?)),
-        BackendKind::Postgres => Ok(Arc::new(postgres::PgStore::connect_sized(url, 1).await?)),
+        BackendKind::Postgres => Ok(Arc::new(
+            postgres::PgStore::connect_sized(url, postgres_pool).await?,
+        )),
     }
 }
 
