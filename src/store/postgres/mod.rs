@@ -98,25 +98,6 @@ impl PgStore {
         let opts = PgConnectOptions::from_str(url).map_err(|e| {
             StoreError::Invalid(format!("bad Postgres URL {shown}: {}", strip(&e, url)))
         })?;
-        // One direct attempt first: the pool would retry a refused
-        // connection until its timeout and then only say "timed out".
-        let unreachable = |why: String| StoreError::Unreachable(format!("{shown}: {why}"));
-        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&opts)).await {
-            Err(_) => {
-                return Err(unreachable(format!(
-                    "no answer within {}s",
-                    CONNECT_TIMEOUT.as_secs()
-                )));
-            }
-            // The server's own sentence, without the driver's source line.
-            Ok(Err(sqlx::Error::Database(db))) => {
-                return Err(unreachable(strip(&db.message(), url)));
-            }
-            Ok(Err(e)) => return Err(unreachable(strip(&e, url))),
-            Ok(Ok(probe)) => {
-                let _ = probe.close().await;
-            }
-        }
         // No ping before each use: it would add a round trip to every
         // transaction, and a connection the server dropped fails its first
         // statement instead, which every caller retries.
@@ -124,11 +105,18 @@ impl PgStore {
             .max_connections(max_connections.max(1))
             .test_before_acquire(false)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_lazy_with(opts);
+            .connect_lazy_with(opts.clone());
         // The table is absent on a fresh database: nothing applied. The
         // check warms the connection the command's first statement then
         // finds in a pool of one (`store::connect_one_shot`).
-        let applied: Option<Vec<Applied>> = sqlx::query_as(APPLIED).fetch_all(&pool).await.ok();
+        let check = async {
+            let applied: Option<Vec<Applied>> = sqlx::query_as(APPLIED).fetch_all(&pool).await.ok();
+            Ok(applied)
+        };
+        // The probe runs beside the check, not before it, so a command waits
+        // for one connection's set-up instead of two; when the probe fails,
+        // the check (and the pool's retries) is dropped with it.
+        let ((), applied) = tokio::try_join!(probe(&opts, url), check)?;
         if needs_migrator(&MIGRATOR, applied.as_deref())? {
             MIGRATOR.run(&pool).await?;
         }
@@ -162,6 +150,25 @@ impl PgStore {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen_all([JOBS_CHANNEL, CANCEL_CHANNEL]).await?;
         Ok(listener)
+    }
+}
+
+/// One direct connection attempt, for its error: the pool retries a
+/// refused connection until its timeout and then only says "timed out".
+async fn probe(opts: &PgConnectOptions, url: &str) -> Result<()> {
+    let unreachable = |why: String| StoreError::Unreachable(format!("{}: {why}", redact_url(url)));
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(opts)).await {
+        Err(_) => Err(unreachable(format!(
+            "no answer within {}s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+        // The server's own sentence, without the driver's source line.
+        Ok(Err(sqlx::Error::Database(db))) => Err(unreachable(strip(&db.message(), url))),
+        Ok(Err(e)) => Err(unreachable(strip(&e, url))),
+        Ok(Ok(probe)) => {
+            let _ = probe.close().await;
+            Ok(())
+        }
     }
 }
 
