@@ -117,7 +117,7 @@ async fn in_pg_schema(
 }
 
 async fn bench(url: &str, a: &BenchArgs, scratch: &std::path::Path) -> Result<Report> {
-    let store = super::connect_for_slots(url, Some(a.slots as usize)).await?;
+    let store = super::connect_for_slots(url, a.slots as usize).await?;
     let mut config = config::parse(BENCH_CONFIG, "bench")?;
     config.workers.cycles_in_flight = a.cycles_in_flight as usize;
     config.workers.busy_poll = a.busy_poll;

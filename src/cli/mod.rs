@@ -54,19 +54,19 @@ pub fn database_url(cli_db: Option<&str>, config: &Config) -> String {
 }
 
 pub async fn connect(url: &str) -> Result<Store> {
-    connect_for_slots(url, None).await
+    within_timeout(url, store::connect(url)).await
 }
 
 /// [`connect`] for a node that runs an engine of `slots` slots: its
 /// connection pool is sized to them.
-pub async fn connect_for_slots(url: &str, slots: Option<usize>) -> Result<Store> {
-    within_timeout(url, async {
-        match slots {
-            Some(n) => store::connect_for_slots(url, n).await,
-            None => store::connect(url).await,
-        }
-    })
-    .await
+pub async fn connect_for_slots(url: &str, slots: usize) -> Result<Store> {
+    within_timeout(url, store::connect_for_slots(url, slots)).await
+}
+
+/// [`connect`] for a command whose statements run one after another
+/// (see [`store::connect_one_shot`]).
+pub async fn connect_one_shot(url: &str) -> Result<Store> {
+    within_timeout(url, store::connect_one_shot(url)).await
 }
 
 /// The backends time out on their own; this guards against a hang
@@ -95,8 +95,7 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
         Command::Demo(a) => {
             let config = console_cmd::demo_config()?;
             let slots = config.workers.slots;
-            let store =
-                connect_for_slots(&console_cmd::demo_url(cli.db.as_deref()), Some(slots)).await?;
+            let store = connect_for_slots(&console_cmd::demo_url(cli.db.as_deref()), slots).await?;
             return console_cmd::demo(store, config, a).await;
         }
         Command::Console(_) => {}
@@ -104,8 +103,7 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
         _ => logging::to_stderr("warn"),
     }
     let url = database_url(cli.db.as_deref(), &config);
-    let engine_slots =
-        |slots: Option<u32>| Some(slots.map_or(config.workers.slots, |n| n as usize));
+    let engine_slots = |slots: Option<u32>| slots.map_or(config.workers.slots, |n| n as usize);
     // An engine's pool is sized to its slots; the console reads several
     // things at once; the other commands run their statements one by one.
     let store = match &command {
@@ -114,7 +112,7 @@ pub async fn run(cli: Cli, config: Config, command: Command) -> Result<i32> {
             connect_for_slots(&url, engine_slots(a.slots)).await?
         }
         Command::Console(_) => connect(&url).await?,
-        _ => within_timeout(&url, store::connect_one_shot(&url)).await?,
+        _ => connect_one_shot(&url).await?,
     };
     match command {
         Command::Console(a) => return console_cmd::console(store, config, a).await,
