@@ -107,9 +107,9 @@ def against_targets(raw_rows, summary, concurrency):
         ("jobdeck-sqlite-t100", "jobdeck-sqlite", "sqlite"),
     ]:
         targeted, own = by_pass(raw_rows, key), by_pass(raw_rows, base)
-        figures = [(summary.get(k) or {}).get("process_per_s") for k in (key, base)]
-        if all(figures):
-            value = summary[key]["process_per_s"] / summary[base]["process_per_s"]
+        targeted_per_s, own_per_s = [(summary.get(k) or {}).get("process_per_s") for k in (key, base)]
+        if targeted_per_s and own_per_s:
+            value = targeted_per_s / own_per_s
             passes = [targeted[r] / own[r] for r in sorted(targeted) if targeted[r] and own.get(r)]
             name = f"{BACKENDS[backend]}, 100 targets / own >= {TARGETED_LINE:g}x"
             lines.append(verdict(name, value, passes, at_least(TARGETED_LINE), ratio))
@@ -156,13 +156,13 @@ def main():
     ap.add_argument("--concurrency", type=int, required=True)
     a = ap.parse_args()
 
-    runs, raw_rows = {}, {}
+    raw_rows = {}
     with open(a.raw) as f:
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                runs.setdefault(r["row"], []).append(r["result"])
                 raw_rows.setdefault(r["row"], []).append(r)
+    runs = {row: [r["result"] for r in rs] for row, rs in raw_rows.items()}
     failed = {}
     if os.path.exists(a.failed):
         with open(a.failed) as f:

@@ -16,6 +16,14 @@ fn pass_row(row: &str, run: u32, per_s: f64, latency: Option<(f64, f64)>) -> Str
     json!({ "row": row, "run": run, "result": result }).to_string()
 }
 
+/// A row's passes 1, 2, 3… without latency figures.
+fn passes_of(row: &str, per_s: &[f64]) -> Vec<String> {
+    (1..)
+        .zip(per_s)
+        .map(|(run, &p)| pass_row(row, run, p, None))
+        .collect()
+}
+
 /// Runs the summary over these rows; returns its printed table and its
 /// JSON document.
 fn summarize(rows: &[String]) -> (String, Value) {
@@ -78,26 +86,23 @@ fn assert_close(got: &[f64], want: &[f64]) {
 #[test]
 fn each_pass_meets_the_fastest_peer_of_that_pass() {
     let fast = Some((0.8, 1.5));
-    let rows = [
-        // Pass 2's fastest peer is pg-boss; at the medians it is pgqueuer.
+    let mut rows = vec![
         pass_row("jobdeck-postgres", 1, 10_000.0, Some((0.8, 20.0))),
         pass_row("jobdeck-postgres", 2, 12_000.0, fast),
         pass_row("jobdeck-postgres", 3, 9_000.0, fast),
-        pass_row("pgqueuer-postgres", 1, 5_000.0, None),
-        pass_row("pgqueuer-postgres", 2, 5_500.0, None),
-        pass_row("pgqueuer-postgres", 3, 4_800.0, None),
-        pass_row("pgboss-postgres", 1, 4_000.0, None),
-        pass_row("pgboss-postgres", 2, 6_500.0, None),
-        pass_row("pgboss-postgres", 3, 4_000.0, None),
         // River measured in one pass only: it counts where it was measured.
         pass_row("river-postgres", 3, 1_000.0, None),
-        pass_row("jobdeck-postgres-t100", 1, 6_990.0, None),
-        pass_row("jobdeck-postgres-t100", 2, 9_000.0, None),
-        pass_row("jobdeck-postgres-t100", 3, 6_000.0, None),
         pass_row("jobdeck-sqlite", 1, 20_000.0, Some((1.0, 2.0))),
         pass_row("jobdeck-sqlite", 2, 9_000.0, Some((12.0, 30.0))),
         pass_row("jobdeck-sqlite", 3, 15_000.0, Some((1.0, 3.0))),
     ];
+    // Pass 2's fastest peer is pg-boss; at the medians it is pgqueuer.
+    rows.extend(passes_of("pgqueuer-postgres", &[5_000.0, 5_500.0, 4_800.0]));
+    rows.extend(passes_of("pgboss-postgres", &[4_000.0, 6_500.0, 4_000.0]));
+    rows.extend(passes_of(
+        "jobdeck-postgres-t100",
+        &[6_990.0, 9_000.0, 6_000.0],
+    ));
     let (table, doc) = summarize(&rows);
     let targets = &doc["targets"];
 
@@ -131,10 +136,8 @@ fn each_pass_meets_the_fastest_peer_of_that_pass() {
 
 #[test]
 fn a_run_without_jobdeck_or_peers_checks_no_target() {
-    let rows = [
-        pass_row("pgbench-c8", 1, 11_000.0, None),
-        pass_row("pgqueuer-postgres", 1, 5_000.0, None),
-    ];
+    let mut rows = passes_of("pgbench-c8", &[11_000.0]);
+    rows.extend(passes_of("pgqueuer-postgres", &[5_000.0]));
     let (table, doc) = summarize(&rows);
     assert!(!table.contains("Against issue 6's targets"), "{table}");
     assert_eq!(doc["targets"], json!({}));
