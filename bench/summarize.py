@@ -145,6 +145,41 @@ def against_targets(raw_rows, summary, concurrency):
     return lines, doc
 
 
+# Per-pass ratios worth reading beside the figures: the engine against its
+# own statement alone, and the opt-in busy_poll against the default.
+PASS_RATIOS = [
+    ("jobdeck, Postgres / lean", "jobdeck-postgres", "lean-1x8"),
+    ("busy_poll 2ms / default", "jobdeck-postgres-busypoll", "jobdeck-postgres"),
+]
+
+
+def per_pass(raw_rows, concurrency):
+    """Each row's process/s pass by pass, so a run's spread is read off its
+    own output rather than worked out from raw.jsonl; a pass a row missed
+    shows as -. Nothing when no row ran more than one pass."""
+    passes = {key: by_pass(raw_rows, key) for key, _, _ in ROWS}
+    runs = sorted({run for p in passes.values() for run in p})
+    if not any(len(p) > 1 for p in passes.values()):
+        return []
+
+    def line(label, values, shown):
+        return f"  {label:44} " + " / ".join("-" if v is None else shown(v) for v in values)
+
+    lines = ["Per pass (process/s in pass order):"]
+    for key, label, _ in ROWS:
+        if passes[key]:
+            label = label.format(c=concurrency, h=concurrency // 2)
+            lines.append(line(label, [passes[key].get(r) for r in runs], lambda v: f"{v:,.0f}"))
+    for label, num, den in PASS_RATIOS:
+        if passes[num] and passes[den]:
+            ratios = [
+                passes[num][r] / passes[den][r] if passes[num].get(r) and passes[den].get(r) else None
+                for r in runs
+            ]
+            lines.append(line(label, ratios, lambda v: f"{v:.2f}x"))
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--raw", required=True)
@@ -227,7 +262,14 @@ def main():
         "no engine (see bench/lean.sh); process/s = jobs/s.",
     ]
     target_lines, targets = against_targets(raw_rows, summary, a.concurrency)
-    table = "\n".join(lines + [""] + notes + ([""] + target_lines if target_lines else []))
+    pass_lines = per_pass(raw_rows, a.concurrency)
+    table = "\n".join(
+        lines
+        + [""]
+        + notes
+        + ([""] + pass_lines if pass_lines else [])
+        + ([""] + target_lines if target_lines else [])
+    )
     print(table)
 
     doc = {

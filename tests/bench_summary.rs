@@ -134,11 +134,45 @@ fn each_pass_meets_the_fastest_peer_of_that_pass() {
     );
 }
 
+/// The line of the per-pass block that starts with `label`.
+fn pass_line<'a>(table: &'a str, label: &str) -> &'a str {
+    let block = table
+        .split("Per pass (process/s in pass order):")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no per-pass block in:\n{table}"));
+    block
+        .lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no per-pass line for {label:?} in:\n{table}"))
+}
+
+#[test]
+fn the_per_pass_block_lists_each_row_in_pass_order() {
+    let mut rows = passes_of("jobdeck-postgres", &[8_000.0, 9_000.0, 6_000.0]);
+    rows.extend(passes_of("lean-1x8", &[10_000.0, 9_000.0, 5_000.0]));
+    // River measured in the third pass only: the passes it missed show as -.
+    rows.push(pass_row("river-postgres", 3, 1_500.0, None));
+    let (table, _) = summarize(&rows);
+
+    let jobdeck = pass_line(&table, "jobdeck, Postgres  ");
+    assert!(jobdeck.ends_with("8,000 / 9,000 / 6,000"), "{jobdeck:?}");
+    let river = pass_line(&table, "riverqueue 0.5, Postgres");
+    assert!(river.ends_with("- / - / 1,500"), "{river:?}");
+    let lean = pass_line(&table, "jobdeck, Postgres / lean");
+    assert!(lean.ends_with("0.80x / 1.00x / 1.20x"), "{lean:?}");
+    assert!(
+        !table.contains("busy_poll 2ms / default"),
+        "no busy_poll row ran:\n{table}"
+    );
+}
+
 #[test]
 fn a_run_without_jobdeck_or_peers_checks_no_target() {
     let mut rows = passes_of("pgbench-c8", &[11_000.0]);
     rows.extend(passes_of("pgqueuer-postgres", &[5_000.0]));
     let (table, doc) = summarize(&rows);
     assert!(!table.contains("Against issue 6's targets"), "{table}");
+    // One pass: the table's medians are the passes.
+    assert!(!table.contains("Per pass"), "{table}");
     assert_eq!(doc["targets"], json!({}));
 }
