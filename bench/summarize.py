@@ -69,6 +69,16 @@ def by_pass(raw_rows, key):
     return {r["run"]: r["result"].get("process_per_s") for r in raw_rows.get(key, []) if "run" in r}
 
 
+def ratio_by_pass(num, den):
+    """Two rows' process/s divided pass by pass, where both measured it."""
+    return {r: num[r] / den[r] for r in num if num[r] and den.get(r)}
+
+
+def row_label(label, concurrency):
+    """A row's label with the run's concurrency (and half of it) filled in."""
+    return label.format(c=concurrency, h=concurrency // 2)
+
+
 def verdict(name, value, passes, ok, shown):
     """One line: the run's figure against its target and how many passes met it."""
     each = ", ".join(shown(p) for p in passes)
@@ -110,7 +120,8 @@ def against_targets(raw_rows, summary, concurrency):
         targeted_per_s, own_per_s = [(summary.get(k) or {}).get("process_per_s") for k in (key, base)]
         if targeted_per_s and own_per_s:
             value = targeted_per_s / own_per_s
-            passes = [targeted[r] / own[r] for r in sorted(targeted) if targeted[r] and own.get(r)]
+            by_run = ratio_by_pass(targeted, own)
+            passes = [by_run[r] for r in sorted(by_run)]
             name = f"{BACKENDS[backend]}, 100 targets / own >= {TARGETED_LINE:g}x"
             lines.append(verdict(name, value, passes, at_least(TARGETED_LINE), ratio))
             doc[f"{backend}_targets_own"] = {"ratio": value, "passes": passes}
@@ -168,15 +179,12 @@ def per_pass(raw_rows, concurrency):
     lines = ["Per pass (process/s in pass order):"]
     for key, label, _ in ROWS:
         if passes[key]:
-            label = label.format(c=concurrency, h=concurrency // 2)
-            lines.append(line(label, [passes[key].get(r) for r in runs], lambda v: f"{v:,.0f}"))
+            values = [passes[key].get(r) for r in runs]
+            lines.append(line(row_label(label, concurrency), values, lambda v: f"{v:,.0f}"))
     for label, num, den in PASS_RATIOS:
         if passes[num] and passes[den]:
-            ratios = [
-                passes[num][r] / passes[den][r] if passes[num].get(r) and passes[den].get(r) else None
-                for r in runs
-            ]
-            lines.append(line(label, ratios, lambda v: f"{v:.2f}x"))
+            by_run = ratio_by_pass(passes[num], passes[den])
+            lines.append(line(label, [by_run.get(r) for r in runs], lambda v: f"{v:.2f}x"))
     return lines
 
 
@@ -226,7 +234,7 @@ def main():
     head = f"{'system / backend':44} {'enqueue/s':>10} {'process/s':>10} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'jobdeck ÷':>10}"
     lines = [head, "-" * len(head)]
     for key, label, ref in ROWS:
-        label = label.format(c=a.concurrency, h=a.concurrency // 2)
+        label = row_label(label, a.concurrency)
         s = summary.get(key)
         if s is None:
             if key in failed:
