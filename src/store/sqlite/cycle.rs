@@ -3,11 +3,11 @@
 //! sqlx's connection thread and back, and with short jobs their count, not
 //! SQLite's work, sets the pace. One query of several statements opens the
 //! transaction, writes the successes (one UPDATE), the claim that starts
-//! every claimed job (one UPDATE), the locks handed on, freed and taken
-//! (one upsert) and the history of all those moves (two INSERTs), checks
-//! the locks and commits. Only a cycle that also finishes jobs otherwise
-//! (retries, failures, cancels) leaves its transaction open for those, one
-//! by one, and commits after them.
+//! every claimed job (one UPDATE), the successes' locks freed (one UPDATE)
+//! and the started jobs' locks taken (one upsert), the history of all
+//! those moves (two INSERTs), checks the locks and commits. Only a cycle
+//! that also finishes jobs otherwise (retries, failures, cancels) leaves
+//! its transaction open for those, one by one, and commits after them.
 //!
 //! Since nothing can be read back before the `COMMIT`, the history is
 //! derived in SQL: the successes' events are written just before the
@@ -105,44 +105,42 @@ macro_rules! started_on_targets {
     };
 }
 
-/// The cycle's locks, after its successes and its claim, upserted one
-/// move per row: the lock of each job that succeeded in this transaction
-/// is freed, and each target a started job has is taken with the fence its
-/// start recorded. A lock handed from a finished job to the next on its
-/// target gets both rows, in either order the same: a free that comes
-/// second finds its lock held by a job not finishing and leaves it; a take
-/// that comes first finds the holder finishing and takes over. (Grouping
-/// them by target into one row each cost a sorter and three aggregates per
-/// cycle: without it the writer's instructions per job with 100 targets
-/// fell 3.1 %, and stayed the same without targets.) The finishing
-/// jobs are joined, not tested with `IN (SELECT …)` (a temporary index and
-/// a Bloom filter at every cycle; see `succeed_jobs`). `WHERE true`: an
-/// upsert's `SELECT` needs a `WHERE` before `ON CONFLICT` (SQLite's
-/// parser). Parameters: ?1 now, ?4 the finishing jobs, ?5 worker, ?9 the
+/// The locks of the jobs that succeeded in this transaction, freed: each
+/// only while its job still holds it. Run after the claim, which counts
+/// them as free already, and before [`take_locks`]. The finishing jobs
+/// are joined (`UPDATE … FROM`, as in `succeed_jobs`); one without a
+/// target joins no lock, so a cycle without targets reads the finishing
+/// jobs' rows and writes nothing. Parameters: ?4 the finishing jobs.
+macro_rules! free_locks {
+    () => {
+        "UPDATE locks SET holder_job = NULL, holder_worker = NULL, acquired_at = NULL,
+             expires_at = NULL
+         FROM json_each(?4) AS finishing JOIN jobs h ON h.id = finishing.value
+         WHERE h.target IS NOT NULL AND h.state = 'succeeded'
+           AND locks.target = h.target AND locks.holder_job = h.id"
+    };
+}
+
+/// The locks of the jobs the claim started, taken with the fence each
+/// start recorded: a new target's row is inserted, a free one's fence
+/// moves on. A lock still held is left as it is, and the check after
+/// fails the cycle. (One upsert that also freed the successes' locks, a
+/// row per move, ran 1.8 times the VDBE operations of these two
+/// statements with 100 targets: its `SELECT` read `locks` and so was
+/// materialized first, and every row tested the finishing list;
+/// bench/HISTORY.md, session 43.) Parameters: ?1 now, ?5 worker, ?9 the
 /// cycle's lease token.
-macro_rules! write_locks {
+macro_rules! take_locks {
     () => {
         concat!(
             "INSERT INTO locks (target, fence, holder_job, holder_worker, acquired_at, expires_at)
-             SELECT target, fence, holder, iif(holder IS NULL, NULL, ?5),
-                 iif(holder IS NULL, NULL, ?1), expires
-             FROM (
-                 SELECT l.target, l.fence, NULL AS holder, NULL AS expires
-                 FROM json_each(?4) AS finishing JOIN jobs h ON h.id = finishing.value
-                 JOIN locks l ON l.holder_job = h.id AND l.target = h.target
-                 WHERE h.state = 'succeeded'
-                 UNION ALL
-                 SELECT j.target, j.lock_fence, j.id, j.lease_expires_at ",
+             SELECT j.target, j.lock_fence, j.id, ?5, ?1, j.lease_expires_at ",
             started_on_targets!(),
             "
-             )
-             WHERE true
-             ON CONFLICT (target) DO UPDATE SET
-                 fence = locks.fence + (excluded.holder_job IS NOT NULL),
+             ON CONFLICT (target) DO UPDATE SET fence = locks.fence + 1,
                  holder_job = excluded.holder_job, holder_worker = excluded.holder_worker,
                  acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
-             WHERE (excluded.holder_job IS NOT NULL AND locks.holder_job IS NULL)
-                OR locks.holder_job IN (SELECT value FROM json_each(?4))"
+             WHERE locks.holder_job IS NULL"
         )
     };
 }
@@ -197,7 +195,9 @@ macro_rules! cycle_statements {
             ";\n",
             claim_and_start_jobs!(),
             ";\n",
-            write_locks!(),
+            free_locks!(),
+            ";\n",
+            take_locks!(),
             ";\n",
             claim_events!(),
             ";\n",
@@ -212,9 +212,9 @@ macro_rules! cycle_statements {
 /// earlier statements; when the list runs out it stops binding the
 /// statement and leaves its later parameters NULL (sqlx-sqlite's
 /// `arguments.rs`). Each number a statement skips therefore needs a spare
-/// argument: at most one per parameter (ten) in each of the query's eight
+/// argument: at most one per parameter (ten) in each of the query's nine
 /// statements. The spares are NULLs bound to numbers nothing reads.
-const SPARE_ARGUMENTS: usize = 8 * 10;
+const SPARE_ARGUMENTS: usize = 9 * 10;
 
 impl SqliteStore {
     /// Finish, claim and start in one transaction: the claim sees the
