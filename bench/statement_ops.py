@@ -133,9 +133,14 @@ def replay(binary, stmts, jobs, slots, targets):
             claimed = []
             for i, s in enumerate(stmts):
                 current[0] = i
-                rows = con.execute(s, params[:highest[i]]).fetchall()
+                cur = con.execute(s, params[:highest[i]])
+                rows = cur.fetchall()
                 if i == claim:
-                    claimed = [(r[0], r[11]) for r in rows]
+                    # The claim returns whole jobs; the next cycle finishes
+                    # them by id and lease token.
+                    names = [c[0] for c in cur.description]
+                    at_id, at_token = names.index("id"), names.index("lease_token")
+                    claimed = [(r[at_id], r[at_token]) for r in rows]
             current[0] = len(stmts)
             con.execute("COMMIT")
             done += len(finishing)
