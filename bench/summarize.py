@@ -95,6 +95,16 @@ def ratio(x):
     return f"{x:.3f}x"
 
 
+def over_fastest_peer(row, peers):
+    """A row's process/s over the fastest peer's, pass by pass, in pass order."""
+    passes = []
+    for run in sorted(row):
+        measured = [p[run] for p in peers.values() if p.get(run)]
+        if row[run] and measured:
+            passes.append(row[run] / max(measured))
+    return passes
+
+
 def against_targets(raw_rows, summary, concurrency):
     """The issue's targets checked on this run: the medians decide the run,
     and each pass is counted on its own. Rows the run left out are skipped."""
@@ -104,14 +114,21 @@ def against_targets(raw_rows, summary, concurrency):
     if jd and peers and summary["jobdeck-postgres"]["process_per_s"]:
         fastest = max(peers, key=lambda k: summary[k]["process_per_s"])
         value = summary["jobdeck-postgres"]["process_per_s"] / summary[fastest]["process_per_s"]
-        passes = []
-        for run in sorted(jd):
-            measured = [p[run] for p in peers.values() if p.get(run)]
-            if jd[run] and measured:
-                passes.append(jd[run] / max(measured))
+        passes = over_fastest_peer(jd, peers)
         name = f"Postgres / fastest peer >= {FASTEST_PEER_LINE:g}x"
         lines.append(verdict(name, value, passes, at_least(FASTEST_PEER_LINE), ratio))
         doc["fastest_peer"] = {"peer": fastest, "ratio": value, "passes": passes}
+        # Not a target: the same ratio for the engine's cycle statement
+        # alone (the lean row), which is as far as an engine that cost
+        # nothing between two cycles could take it on this machine.
+        lean = by_pass(raw_rows, "lean-1x8")
+        lean_per_s = (summary.get("lean-1x8") or {}).get("process_per_s")
+        if lean and lean_per_s:
+            ceiling = lean_per_s / summary[fastest]["process_per_s"]
+            each = ", ".join(ratio(p) for p in over_fastest_peer(lean, peers))
+            name = "  (the cycle statement alone / fastest peer"
+            lines.append(f"  {name:44} {ratio(ceiling):>10}  passes {each}: an engine costing nothing between cycles)")
+            doc["statement_alone_fastest_peer"] = ceiling
     for key, base, backend in [
         ("jobdeck-postgres-t100", "jobdeck-postgres", "postgres"),
         ("jobdeck-sqlite-t100", "jobdeck-sqlite", "sqlite"),

@@ -176,3 +176,31 @@ fn a_run_without_jobdeck_or_peers_checks_no_target() {
     assert!(!table.contains("Per pass"), "{table}");
     assert_eq!(doc["targets"], json!({}));
 }
+
+/// Beside the first target, not counted as one: the engine's cycle
+/// statement alone (the lean row) over the fastest peer of each pass, as
+/// far as an engine costing nothing between cycles could take the ratio.
+#[test]
+fn the_statement_alone_is_set_against_the_fastest_peer_of_each_pass() {
+    let mut rows = passes_of("jobdeck-postgres", &[9_000.0, 10_000.0, 8_000.0]);
+    rows.extend(passes_of("lean-1x8", &[10_000.0, 11_000.0, 9_600.0]));
+    rows.extend(passes_of("pgqueuer-postgres", &[5_000.0, 5_000.0, 4_000.0]));
+    // Pass 2's fastest peer is graphile-worker.
+    rows.extend(passes_of("graphile-postgres", &[3_000.0, 5_500.0, 3_000.0]));
+    let (table, doc) = summarize(&rows);
+
+    // At the medians: 10,000 ÷ pgqueuer's 5,000.
+    let ceiling = doc["targets"]["statement_alone_fastest_peer"].as_f64();
+    assert_close(&[ceiling.expect("a ratio")], &[2.0]);
+    let line = table
+        .lines()
+        .find(|l| l.contains("(the cycle statement alone / fastest peer"))
+        .unwrap_or_else(|| panic!("no line for the statement alone in:\n{table}"));
+    assert!(
+        line.contains("2.000x  passes 2.000x, 2.000x, 2.400x"),
+        "{line:?}"
+    );
+    assert!(!line.contains("met"), "not a target: {line:?}");
+    let fastest = "Postgres / fastest peer >= 2x";
+    assert_verdict(&table, fastest, "1.800x  not met", "(1 of 3 met)");
+}
