@@ -119,15 +119,16 @@ def against_targets(raw_rows, summary, concurrency):
         lines.append(verdict(name, value, passes, at_least(FASTEST_PEER_LINE), ratio))
         doc["fastest_peer"] = {"peer": fastest, "ratio": value, "passes": passes}
         # Not a target: the same ratio for the engine's cycle statement
-        # alone (the lean row), which is as far as an engine that cost
-        # nothing between two cycles could take it on this machine.
+        # alone (the lean row, sent by pgbench), which is as far as an
+        # engine that cost no more than pgbench around it could take it
+        # on this machine.
         lean = by_pass(raw_rows, "lean-1x8")
         lean_per_s = (summary.get("lean-1x8") or {}).get("process_per_s")
         if lean and lean_per_s:
             ceiling = lean_per_s / summary[fastest]["process_per_s"]
             each = ", ".join(ratio(p) for p in over_fastest_peer(lean, peers))
             name = "  (the cycle statement alone / fastest peer"
-            lines.append(f"  {name:44} {ratio(ceiling):>10}  passes {each}: an engine costing nothing between cycles)")
+            lines.append(f"  {name:44} {ratio(ceiling):>10}  passes {each}: an engine costing what pgbench does)")
             doc["statement_alone_fastest_peer"] = ceiling
     for key, base, backend in [
         ("jobdeck-postgres-t100", "jobdeck-postgres", "postgres"),

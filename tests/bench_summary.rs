@@ -179,7 +179,7 @@ fn a_run_without_jobdeck_or_peers_checks_no_target() {
 
 /// Beside the first target, not counted as one: the engine's cycle
 /// statement alone (the lean row) over the fastest peer of each pass, as
-/// far as an engine costing nothing between cycles could take the ratio.
+/// far as an engine costing what pgbench does around it could take the ratio.
 #[test]
 fn the_statement_alone_is_set_against_the_fastest_peer_of_each_pass() {
     let mut rows = passes_of("jobdeck-postgres", &[9_000.0, 10_000.0, 8_000.0]);
