@@ -15,15 +15,16 @@ import statistics
 import sys
 from pathlib import Path
 
-PEERS = [
-    "pgqueuer 1.6",
-    "graphile-worker 0.18",
-    "pg-boss 12 (burst, notify)",
-    "apalis 1.0, Postgres",
-    "riverqueue 0.5, Postgres (cooldown 1 ms)",
-]
-LEAN = "lean: jobdeck's cycle statement, 1 x 8 jobs"
-LINE = 2.0
+# The tables are summarize.py's: its row labels (at concurrency 8), its
+# peers and its line.
+from summarize import FASTEST_PEER_LINE as LINE
+from summarize import PEERS as PEER_KEYS
+from summarize import ROWS, row_label
+
+LABELS = {key: row_label(label, 8) for key, label, _ in ROWS}
+PEERS = [LABELS[key] for key in PEER_KEYS]
+JOBDECK = LABELS["jobdeck-postgres"]
+LEAN = LABELS["lean-1x8"]
 
 
 def table_rows(block):
@@ -47,7 +48,7 @@ def runs(text):
             continue
         rows = table_rows(section)
         peers = [rows[p] for p in PEERS if p in rows]
-        jobdeck, lean = rows.get("jobdeck, Postgres"), rows.get(LEAN)
+        jobdeck, lean = rows.get(JOBDECK), rows.get(LEAN)
         if jobdeck and lean and peers:
             fastest = max(peers)
             yield heading.split(":")[0], jobdeck / fastest, lean / fastest, jobdeck / lean

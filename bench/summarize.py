@@ -318,4 +318,5 @@ def main():
         json.dump(doc, f, indent=2)
 
 
-main()
+if __name__ == "__main__":
+    main()
