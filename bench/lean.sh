@@ -27,7 +27,11 @@ source "$(dirname "$0")/pg_harness.sh"
 DB=bench_lean
 script="$(mktemp)"
 trap 'rm -f "$script"; dropdb --if-exists "$DB" 2>/dev/null' EXIT
-python3 "$BENCH/lean_sql.py" ${LEAN_VARIANT:+"$LEAN_VARIANT"} > "$script"
+if [ "${LEAN_VARIANT:-}" = floor ]; then
+  python3 "$BENCH/lean_sql.py" floor "$BATCH" > "$script"
+else
+  python3 "$BENCH/lean_sql.py" ${LEAN_VARIANT:+"$LEAN_VARIANT"} > "$script"
+fi
 
 dropdb --if-exists "$DB" 2>/dev/null; createdb "$DB"
 "$JOBDECK" --db "postgres://$PGUSER@$PGHOST:$PGPORT/$DB" migrate > /dev/null

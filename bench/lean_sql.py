@@ -7,7 +7,10 @@ With the argument `without-events` the statement writes no job_events rows
 (a measurement of what the event log costs, never a mode of jobdeck's); with
 `floor` it prints bench/floor.sql instead (the contract's row writes alone,
 for the same harness; lean.sh then sets the database up as run.sh's floor
-rows do). Fails loudly when the source no longer has the shape this expects."""
+rows do). The floor takes its batch as a second argument and keeps it a
+literal, as run.sh's rows do: a `LIMIT` sent as a parameter gets another
+plan under the server's default settings, 0.65× the rate on session 50's
+machine. Fails loudly when the source no longer has the shape this expects."""
 import re
 import sys
 from pathlib import Path
@@ -16,10 +19,13 @@ bench_dir = Path(__file__).resolve().parent
 src_dir = bench_dir.parent / "src" / "store" / "postgres"
 variant = sys.argv[1] if len(sys.argv) > 1 else ""
 if variant == "floor":
+    batch = sys.argv[2] if len(sys.argv) > 2 else ""
+    if not batch.isdigit() or int(batch) < 1:
+        sys.exit("lean_sql.py: usage: lean_sql.py floor BATCH (a positive integer)")
     floor = (bench_dir / "floor.sql").read_text()
     if "LIMIT BATCH" not in floor or "pipeline = 'noop'" not in floor:
         sys.exit("lean_sql.py: floor.sql has changed shape; update this script")
-    print(floor.replace("LIMIT BATCH", "LIMIT :batch").replace("pipeline = 'noop'", "pipeline = 'bench'"))
+    print(floor.replace("LIMIT BATCH", f"LIMIT {int(batch)}").replace("pipeline = 'noop'", "pipeline = 'bench'"))
     sys.exit(0)
 lean = (src_dir / "lean_cycle.rs").read_text()
 mod = (src_dir / "mod.rs").read_text()
