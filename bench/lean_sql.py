@@ -9,8 +9,8 @@ With the argument `without-events` the statement writes no job_events rows
 for the same harness; lean.sh then sets the database up as run.sh's floor
 rows do). The floor takes its batch as a second argument and keeps it a
 literal, as run.sh's rows do: a `LIMIT` sent as a parameter gets another
-plan under the server's default settings, 0.65× the rate on session 50's
-machine. Fails loudly when the source no longer has the shape this expects."""
+plan under the server's default settings, about 0.6× the rate on session
+50's machine. Fails loudly when the source no longer has the shape this expects."""
 import re
 import sys
 from pathlib import Path
