@@ -5,13 +5,16 @@
 //! settings (session 50: 396,980 server instructions per job against
 //! 261,636), which once made the floor look costlier than jobdeck's cycle.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+fn repo_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
 fn lean_sql(args: &[&str]) -> Output {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     Command::new("python3")
-        .arg(repo.join("bench/lean_sql.py"))
+        .arg(repo_file("bench/lean_sql.py"))
         .args(args)
         .output()
         .expect("python3 runs bench/lean_sql.py")
@@ -29,8 +32,7 @@ fn the_floor_is_run_sh_s_statement_with_its_batch_a_literal() {
     // run.sh: sed "s/LIMIT BATCH/LIMIT $batch/" on floor.sql, on jobs of
     // the pipeline 'noop'; lean.sh queues its jobs under 'bench'.
     let floor =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/floor.sql"))
-            .expect("read bench/floor.sql");
+        std::fs::read_to_string(repo_file("bench/floor.sql")).expect("read bench/floor.sql");
     let as_run_sh_sends_it = floor
         .replace("LIMIT BATCH", "LIMIT 8")
         .replace("pipeline = 'noop'", "pipeline = 'bench'");
