@@ -16,7 +16,10 @@
 #                  (8 slots, 100 targets, 8,000 jobs, no latency phase)
 #
 # Prints the pgbench backend's instructions per job (its start-up and the
-# first calls' planning included, the same for every variant). With
+# first calls' planning included, the same for every variant), and the
+# command that splits them by function (callgrind's file is kept until
+# the next run: two variants' files compared function by function show
+# which part of the server a change moved). With
 # --engine [TARGETS [JOBS]] (default 0 and 8,000) it runs the engine
 # instead, whose cycle statements depend on the timing (how many jobs a
 # cycle carries), and prints the instructions per job of every backend
@@ -105,11 +108,13 @@ trap - EXIT
 
 # pgbench opens one connection to look around and one per client: the
 # client's backend is the one that ran the statements, the largest count.
-total=0
+total=0 backend=
 for pid in $(sed -n 's/^\([0-9]*\) LOG:  connection authorized: .*application_name=pgbench.*/\1/p' "$log"); do
   n="$(count "$pid")"
-  [ -n "$n" ] && [ "$n" -gt "$total" ] && total=$n
+  [ -n "$n" ] && [ "$n" -gt "$total" ] && total=$n backend=$pid
 done
 [ "$total" -gt 0 ] || { echo "server_instructions.sh: no callgrind count for pgbench's backend (see $log)" >&2; exit 1; }
 done_jobs="$(sed -n 's/.*(\([0-9]*\) jobs done).*/\1/p' <<< "$lean")"
 python3 -c "print(f'$BATCH per call: {$total / ${done_jobs:-$JOBS}:,.0f} server instructions per job ($total in all, ${done_jobs:-$JOBS} jobs)')"
+# Kept until the next run: where in the server the instructions went.
+echo "by function: callgrind_annotate --inclusive=yes $out/cg.$backend"
