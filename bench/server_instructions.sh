@@ -17,9 +17,9 @@
 #
 # Prints the pgbench backend's instructions per job (its start-up and the
 # first calls' planning included, the same for every variant), and the
-# command that splits them by function (callgrind's file is kept until
-# the next run: two variants' files compared function by function show
-# which part of the server a change moved). With
+# command that splits them by function (the next run deletes callgrind's
+# file: copy it first to compare two variants function by function and
+# see which part of the server a change moved). With
 # --engine [TARGETS [JOBS]] (default 0 and 8,000) it runs the engine
 # instead, whose cycle statements depend on the timing (how many jobs a
 # cycle carries), and prints the instructions per job of every backend
