@@ -68,7 +68,7 @@ def main():
         print(f"  {label:24} {statistics.median(values):.3f}x  ({min(values):.3f}x to {max(values):.3f}x)")
     met = sum(1 for _, ours, _, _ in found if ours >= LINE)
     print(f"\njobdeck at or over {LINE:g}x in {met} of {len(found)}; at a fraction of its statement:")
-    for fraction in (0.90, 0.93, 0.95, 0.97, 0.98, 0.985, 0.99):
+    for fraction in (0.90, 0.93, 0.95, 0.97, 0.98, 0.985, 0.99, 1.00):
         over = sum(1 for _, _, ceiling, _ in found if ceiling * fraction >= LINE)
         print(f"  {fraction:.3f} of the statement: {over} of {len(found)}")
 
