@@ -2,19 +2,12 @@
 //! its table of every full run. Fed a small file here, so every count it
 //! prints is known.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn run_on(text: &str) -> Output {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("BENCHMARKS.md");
-    std::fs::write(&file, text).expect("write benchmarks");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/full_runs.py");
-    Command::new("python3")
-        .arg(&script)
-        .arg(&file)
-        .output()
-        .expect("python3 runs bench/full_runs.py")
+    common::bench_script_on("full_runs.py", "BENCHMARKS.md", text)
 }
 
 const TABLE: &str = "\

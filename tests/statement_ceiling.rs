@@ -3,8 +3,9 @@
 //! against the fastest peer of each run. Fed a small file here, so every
 //! figure it prints is known.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
 
 fn table(rows: &[(&str, u32)]) -> String {
     let mut t = String::from(
@@ -17,15 +18,7 @@ fn table(rows: &[(&str, u32)]) -> String {
 }
 
 fn run_on(text: &str) -> Output {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let file = dir.path().join("HISTORY.md");
-    std::fs::write(&file, text).expect("write history");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/statement_ceiling.py");
-    Command::new("python3")
-        .arg(&script)
-        .arg(&file)
-        .output()
-        .expect("python3 runs bench/statement_ceiling.py")
+    common::bench_script_on("statement_ceiling.py", "HISTORY.md", text)
 }
 
 const LEAN: &str = "lean: jobdeck's cycle statement, 1 x 8 jobs";

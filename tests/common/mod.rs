@@ -26,6 +26,22 @@ pub fn jobdeck_in(dir: &Path) -> Command {
     cmd
 }
 
+/// Runs `bench/<script>` with python3 on `text`, written to a temporary
+/// file named `file_name` (the scripts read tables out of such files).
+pub fn bench_script_on(script: &str, file_name: &str, text: &str) -> Output {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join(file_name);
+    std::fs::write(&file, text).expect("write the script's input");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("bench")
+        .join(script);
+    Command::new("python3")
+        .arg(&path)
+        .arg(&file)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 runs bench/{script}: {e}"))
+}
+
 /// Expect `what` to have succeeded and printed one JSON value.
 pub fn stdout_json(out: Output, what: &str) -> serde_json::Value {
     assert!(
