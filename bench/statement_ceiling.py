@@ -73,4 +73,5 @@ def main():
         print(f"  {fraction:.3f} of the statement: {over} of {len(found)}")
 
 
-main()
+if __name__ == "__main__":
+    main()
