@@ -7,16 +7,6 @@ use std::process::Output;
 
 mod common;
 
-fn table(rows: &[(&str, u32)]) -> String {
-    let mut t = String::from(
-        "```\nsystem / backend                              enqueue/s  process/s  p50 ms\n---\n",
-    );
-    for (label, per_s) in rows {
-        t.push_str(&format!("{label:44} {:>10} {per_s:>10}    0.80\n", "-"));
-    }
-    t + "```\n"
-}
-
 fn run_on(text: &str) -> Output {
     common::bench_script_on("floor_share.py", "HISTORY.md", text)
 }
@@ -26,7 +16,7 @@ const FLOOR: &str = "floor: bench/floor.sql, 1 client x 8 jobs";
 fn section(heading: &str, rows: &[(&str, u32)]) -> String {
     format!(
         "### {heading}: `bench/run.sh` (20,000 jobs, concurrency 8, medians of 3 runs)\n\n{}\n",
-        table(rows)
+        common::run_table(rows)
     )
 }
 

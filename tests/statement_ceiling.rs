@@ -7,16 +7,6 @@ use std::process::Output;
 
 mod common;
 
-fn table(rows: &[(&str, u32)]) -> String {
-    let mut t = String::from(
-        "```\nsystem / backend                              enqueue/s  process/s  p50 ms\n---\n",
-    );
-    for (label, per_s) in rows {
-        t.push_str(&format!("{label:44} {:>10} {per_s:>10}    0.80\n", "-"));
-    }
-    t + "```\n"
-}
-
 fn run_on(text: &str) -> Output {
     common::bench_script_on("statement_ceiling.py", "HISTORY.md", text)
 }
@@ -25,19 +15,19 @@ const LEAN: &str = "lean: jobdeck's cycle statement, 1 x 8 jobs";
 
 #[test]
 fn each_run_is_set_against_its_own_fastest_peer() {
-    let counted = table(&[
+    let counted = common::run_table(&[
         ("jobdeck, Postgres", 12_000),
         ("pgqueuer 1.6", 5_000),
         ("graphile-worker 0.18", 6_000),
         (LEAN, 13_200),
     ]);
     // At 16 slots, and without a lean row: neither is counted.
-    let at_16 = table(&[
+    let at_16 = common::run_table(&[
         ("jobdeck, Postgres", 20_000),
         ("pgqueuer 1.6", 5_000),
         (LEAN, 30_000),
     ]);
-    let no_lean = table(&[("jobdeck, Postgres", 9_000), ("pgqueuer 1.6", 5_000)]);
+    let no_lean = common::run_table(&[("jobdeck, Postgres", 9_000), ("pgqueuer 1.6", 5_000)]);
     let text = format!(
         "# History\n\n### Run A: `bench/run.sh` (20,000 jobs, concurrency 8, medians of 3 runs)\n\n{counted}\n\
          ### Run B: `bench/run.sh --concurrency 16` (20,000 jobs, concurrency 16, medians of 3 runs)\n\n{at_16}\n\

@@ -292,3 +292,15 @@ pub async fn raw_exec(store: &Store, sql: String) {
         }
     }
 }
+
+/// A run's table of medians as `bench/run.sh` prints it, with only the
+/// process/s column filled: what the history readers in bench/ parse.
+pub fn run_table(rows: &[(&str, u32)]) -> String {
+    let mut t = String::from(
+        "```\nsystem / backend                              enqueue/s  process/s  p50 ms\n---\n",
+    );
+    for (label, per_s) in rows {
+        t.push_str(&format!("{label:44} {:>10} {per_s:>10}    0.80\n", "-"));
+    }
+    t + "```\n"
+}
